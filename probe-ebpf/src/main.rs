@@ -1,0 +1,335 @@
+//! Kernel plane of stallscope: per-thread scheduler and syscall accounting for watched
+//! processes, plus a raw event stream for deep dives.
+//!
+//! Every hook exists as a `tp_btf` program and a `raw_tracepoint` twin. Both kinds of
+//! context are an array of `u64` arguments, so each pair shares one body; userspace
+//! loads whichever kind the kernel accepts.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_probe_read_kernel,
+    },
+    macros::{btf_tracepoint, map, raw_tracepoint},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    programs::{BtfTracePointContext, RawTracePointContext},
+    EbpfContext,
+};
+use probe_common::{
+    event, hist_bucket, state, Config, Event, SyscallKey, SyscallStats, ThreadStats,
+    EVENT_RING_BYTES, HIST_BUCKETS, MAX_SYSCALL_KEYS, MAX_THREADS, MAX_WATCHED,
+};
+
+#[map]
+static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(MAX_WATCHED, 0);
+#[map]
+static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+#[map]
+static THREAD_STATS: HashMap<u32, ThreadStats> = HashMap::with_max_entries(MAX_THREADS, 0);
+#[map]
+static SYSCALL_STATS: HashMap<SyscallKey, SyscallStats> =
+    HashMap::with_max_entries(MAX_SYSCALL_KEYS, 0);
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(EVENT_RING_BYTES, 0);
+#[map]
+static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// x86_64 syscall numbers whose positive return value is a byte count sent or received.
+const SYS_SENDTO: u32 = 44;
+const SYS_RECVFROM: u32 = 45;
+const SYS_SENDMSG: u32 = 46;
+const SYS_RECVMSG: u32 = 47;
+const NO_SYSCALL: u32 = u32::MAX;
+
+#[inline(always)]
+fn arg(ctx: *mut core::ffi::c_void, n: usize) -> u64 {
+    // SAFETY: both tp_btf and raw_tracepoint contexts are arrays of u64 arguments; every
+    // caller reads an index within the tracepoint's argument count.
+    unsafe { *(ctx as *const u64).add(n) }
+}
+
+#[inline(always)]
+fn config() -> Option<&'static Config> {
+    CONFIG.get(0)
+}
+
+/// Whether a thread of `tgid` is accounted.
+#[inline(always)]
+fn watched(cfg: &Config, tgid: u32) -> bool {
+    tgid != 0 && tgid != cfg.self_tgid && unsafe { WATCHED.get(&tgid) }.is_some()
+}
+
+/// `(tid, tgid)` of a `struct task_struct *`, using offsets userspace read from BTF.
+#[inline(always)]
+fn task_ids(cfg: &Config, task: u64) -> (u32, u32) {
+    let pid = unsafe { bpf_probe_read_kernel((task + cfg.task_pid_off as u64) as *const u32) };
+    let tgid = unsafe { bpf_probe_read_kernel((task + cfg.task_tgid_off as u64) as *const u32) };
+    (pid.unwrap_or(0), tgid.unwrap_or(0))
+}
+
+/// The thread's accumulators, created in `initial` state at `now` when first seen.
+#[inline(always)]
+fn stats(tid: u32, tgid: u32, initial: u32, now: u64) -> Option<&'static mut ThreadStats> {
+    if let Some(s) = THREAD_STATS.get_ptr_mut(&tid) {
+        return Some(unsafe { &mut *s });
+    }
+    let fresh = ThreadStats {
+        tgid,
+        state: initial,
+        mark_ns: now,
+        sys_nr: NO_SYSCALL,
+        ..ThreadStats::default()
+    };
+    THREAD_STATS.insert(&tid, &fresh, BPF_NOEXIST as u64).ok()?;
+    THREAD_STATS.get_ptr_mut(&tid).map(|s| unsafe { &mut *s })
+}
+
+/// Appends one deep-dive event without waking the reader unless the ring is filling up.
+#[inline(always)]
+fn emit(cfg: &Config, kind: u32, tid: u32, ts_ns: u64, arg0: u64, arg1: u64) {
+    match EVENTS.reserve::<Event>(0) {
+        Some(mut slot) => {
+            slot.write(Event {
+                ts_ns,
+                kind: kind as u16,
+                cpu: unsafe { bpf_get_smp_processor_id() } as u16,
+                tid,
+                arg0,
+                arg1,
+            });
+            let flags = if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= cfg.wake_threshold {
+                BPF_RB_FORCE_WAKEUP
+            } else {
+                BPF_RB_NO_WAKEUP
+            };
+            slot.submit(flags as u64);
+        }
+        None => {
+            if let Some(lost) = LOST.get_ptr_mut(0) {
+                unsafe { *lost += 1 };
+            }
+        }
+    }
+}
+
+/// sched_switch(bool preempt, task_struct *prev, task_struct *next, unsigned int prev_state)
+#[inline(always)]
+fn on_sched_switch(ctx: *mut core::ffi::c_void) -> u32 {
+    let Some(cfg) = config() else { return 0 };
+    let now = unsafe { bpf_ktime_get_ns() };
+    let preempt = arg(ctx, 0) & 0xff != 0;
+    let prev_state = arg(ctx, 3) as u32;
+    // At this tracepoint `current` is still `prev`.
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (prev_tid, prev_tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    let (next_tid, next_tgid) = task_ids(cfg, arg(ctx, 2));
+    let prev_watched = watched(cfg, prev_tgid);
+    let next_watched = watched(cfg, next_tgid);
+
+    if prev_watched {
+        let runnable = preempt || prev_state == 0;
+        let after = if runnable {
+            state::RUNNABLE
+        } else {
+            state::BLOCKED
+        };
+        if let Some(s) = stats(prev_tid, prev_tgid, after, now) {
+            if s.state == state::RUNNING || s.state == state::UNKNOWN_RUNNABLE {
+                s.on_cpu_ns += now.saturating_sub(s.mark_ns);
+            }
+            if runnable {
+                s.nivcsw += 1;
+            } else {
+                s.nvcsw += 1;
+            }
+            s.state = after;
+            s.mark_ns = now;
+        }
+    }
+    if next_watched {
+        if let Some(s) = stats(next_tid, next_tgid, state::RUNNING, now) {
+            let waited = now.saturating_sub(s.mark_ns);
+            match s.state {
+                state::RUNNABLE | state::UNKNOWN_RUNNABLE => s.runq_wait_ns += waited,
+                // The wakeup was not seen (the thread was blocked since we first saw it).
+                state::BLOCKED => s.blocked_ns += waited,
+                _ => {}
+            }
+            s.state = state::RUNNING;
+            s.mark_ns = now;
+        }
+    }
+    if cfg.deep_dive != 0 && (prev_watched || next_watched) {
+        let flags = prev_state as u64 | (preempt as u64) << 32;
+        emit(cfg, event::SWITCH, prev_tid, now, next_tid as u64, flags);
+    }
+    0
+}
+
+/// sched_wakeup(task_struct *p) and sched_wakeup_new(task_struct *p).
+#[inline(always)]
+fn on_wakeup(ctx: *mut core::ffi::c_void, new_task: bool) -> u32 {
+    let Some(cfg) = config() else { return 0 };
+    let (tid, tgid) = task_ids(cfg, arg(ctx, 0));
+    if !watched(cfg, tgid) {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    if new_task {
+        let fresh = ThreadStats {
+            tgid,
+            state: state::RUNNABLE,
+            mark_ns: now,
+            sys_nr: NO_SYSCALL,
+            ..ThreadStats::default()
+        };
+        let _ = THREAD_STATS.insert(&tid, &fresh, BPF_ANY as u64);
+    } else if let Some(s) = stats(tid, tgid, state::RUNNABLE, now) {
+        if s.state == state::BLOCKED {
+            s.blocked_ns += now.saturating_sub(s.mark_ns);
+            s.state = state::RUNNABLE;
+            s.mark_ns = now;
+        }
+    }
+    if cfg.deep_dive != 0 {
+        emit(cfg, event::WAKEUP, tid, now, tgid as u64, new_task as u64);
+    }
+    0
+}
+
+/// sched_process_exit(task_struct *p, ...): `current` is the exiting thread.
+#[inline(always)]
+fn on_exit() -> u32 {
+    let Some(cfg) = config() else { return 0 };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    if !watched(cfg, tgid) {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(s) = stats(tid, tgid, state::RUNNING, now) {
+        s.exited = 1;
+        s.exit_ns = now;
+        s.exit_comm = bpf_get_current_comm().unwrap_or_default();
+    }
+    if cfg.deep_dive != 0 {
+        emit(cfg, event::EXIT, tid, now, 0, 0);
+    }
+    0
+}
+
+/// sys_enter(struct pt_regs *regs, long id)
+#[inline(always)]
+fn on_sys_enter(ctx: *mut core::ffi::c_void) -> u32 {
+    let Some(cfg) = config() else { return 0 };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    if !watched(cfg, tgid) {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let nr = arg(ctx, 1) as u32;
+    if let Some(s) = stats(tid, tgid, state::RUNNING, now) {
+        s.sys_nr = nr;
+        s.sys_enter_ns = now;
+    }
+    if cfg.deep_dive != 0 {
+        emit(cfg, event::SYS_ENTER, tid, now, nr as u64, 0);
+    }
+    0
+}
+
+/// sys_exit(struct pt_regs *regs, long ret)
+#[inline(always)]
+fn on_sys_exit(ctx: *mut core::ffi::c_void) -> u32 {
+    let Some(cfg) = config() else { return 0 };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    if !watched(cfg, tgid) {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let ret = arg(ctx, 1) as i64;
+    let Some(s) = THREAD_STATS.get_ptr_mut(&tid) else {
+        return 0;
+    };
+    let s = unsafe { &mut *s };
+    let nr = s.sys_nr;
+    if nr == NO_SYSCALL {
+        return 0;
+    }
+    s.sys_nr = NO_SYSCALL;
+    let latency = now.saturating_sub(s.sys_enter_ns);
+    if ret > 0 {
+        match nr {
+            SYS_SENDTO | SYS_SENDMSG => s.net_tx_bytes += ret as u64,
+            SYS_RECVFROM | SYS_RECVMSG => s.net_rx_bytes += ret as u64,
+            _ => {}
+        }
+    }
+    let key = SyscallKey { tid, nr };
+    if SYSCALL_STATS.get_ptr_mut(&key).is_none() {
+        let _ = SYSCALL_STATS.insert(&key, &SyscallStats::default(), BPF_NOEXIST as u64);
+    }
+    if let Some(sc) = SYSCALL_STATS.get_ptr_mut(&key) {
+        let sc = unsafe { &mut *sc };
+        sc.count += 1;
+        sc.total_ns += latency;
+        sc.hist[hist_bucket(latency) & (HIST_BUCKETS - 1)] += 1;
+    }
+    if cfg.deep_dive != 0 {
+        emit(cfg, event::SYS_EXIT, tid, now, nr as u64, ret as u64);
+    }
+    0
+}
+
+macro_rules! hook_pair {
+    ($btf:ident, $raw:ident, $tp:literal, |$c:ident| $body:expr) => {
+        #[btf_tracepoint(function = $tp)]
+        pub fn $btf(ctx: BtfTracePointContext) -> u32 {
+            let $c = ctx.as_ptr();
+            $body
+        }
+        #[raw_tracepoint(tracepoint = $tp)]
+        pub fn $raw(ctx: RawTracePointContext) -> i32 {
+            let $c = ctx.as_ptr();
+            $body as i32
+        }
+    };
+}
+
+hook_pair!(btf_sched_switch, raw_sched_switch, "sched_switch", |c| {
+    on_sched_switch(c)
+});
+hook_pair!(btf_sched_wakeup, raw_sched_wakeup, "sched_wakeup", |c| {
+    on_wakeup(c, false)
+});
+hook_pair!(
+    btf_sched_wakeup_new,
+    raw_sched_wakeup_new,
+    "sched_wakeup_new",
+    |c| on_wakeup(c, true)
+);
+hook_pair!(
+    btf_sched_process_exit,
+    raw_sched_process_exit,
+    "sched_process_exit",
+    |_c| on_exit()
+);
+hook_pair!(btf_sys_enter, raw_sys_enter, "sys_enter", |c| on_sys_enter(
+    c
+));
+hook_pair!(btf_sys_exit, raw_sys_exit, "sys_exit", |c| on_sys_exit(c));
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,108 @@
+//! Drains the deep-dive event ring. The kernel submits events without waking us, and
+//! wakes us only once the ring is a quarter full; otherwise we drain on a timer. This
+//! keeps the reader from generating the very scheduler events it reads.
+
+use std::{
+    os::fd::AsFd,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use aya::maps::{MapData, RingBuf};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use probe_common::Event;
+
+/// How often the ring is drained when the kernel has not asked for it.
+pub const DRAIN_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Counts of drained events by kind.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct EventCounts {
+    /// All events drained.
+    pub total: u64,
+    /// sched_switch events.
+    pub switch: u64,
+    /// sched_wakeup / sched_wakeup_new events.
+    pub wakeup: u64,
+    /// sys_enter events.
+    pub sys_enter: u64,
+    /// sys_exit events.
+    pub sys_exit: u64,
+    /// Thread exit events.
+    pub exit: u64,
+}
+
+impl EventCounts {
+    fn add(&mut self, e: &Event) {
+        use probe_common::event::*;
+        self.total += 1;
+        match u32::from(e.kind) {
+            SWITCH => self.switch += 1,
+            WAKEUP => self.wakeup += 1,
+            SYS_ENTER => self.sys_enter += 1,
+            SYS_EXIT => self.sys_exit += 1,
+            EXIT => self.exit += 1,
+            _ => {}
+        }
+    }
+}
+
+/// A background thread draining the ring into a sink.
+pub struct Drainer {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<(RingBuf<MapData>, EventCounts)>>,
+}
+
+impl Drainer {
+    /// Starts draining `ring`, passing every event to `sink`.
+    pub fn start(
+        mut ring: RingBuf<MapData>,
+        mut sink: impl FnMut(&Event) + Send + 'static,
+    ) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("stallscope-ring".into())
+            .spawn(move || {
+                let mut counts = EventCounts::default();
+                let timeout = PollTimeout::try_from(DRAIN_INTERVAL).unwrap_or(PollTimeout::NONE);
+                loop {
+                    let stopping = stop2.load(Ordering::Acquire);
+                    {
+                        let mut fds = [PollFd::new(ring.as_fd(), PollFlags::POLLIN)];
+                        let _ = poll(&mut fds, if stopping { PollTimeout::ZERO } else { timeout });
+                    }
+                    while let Some(item) = ring.next() {
+                        if item.len() >= size_of::<Event>() {
+                            // SAFETY: the kernel writes whole `Event`s; read unaligned.
+                            let e = unsafe { (item.as_ptr() as *const Event).read_unaligned() };
+                            counts.add(&e);
+                            sink(&e);
+                        }
+                    }
+                    if stopping {
+                        return (ring, counts);
+                    }
+                }
+            })
+            .expect("spawning the ring drainer thread");
+        Self {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Drains what is left, stops the thread, and gives the ring back with the counts.
+    pub fn stop(mut self) -> (RingBuf<MapData>, EventCounts) {
+        self.stop.store(true, Ordering::Release);
+        self.handle
+            .take()
+            .expect("drainer stopped once")
+            .join()
+            .expect("ring drainer thread panicked")
+    }
+}

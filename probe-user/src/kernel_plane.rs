@@ -1,0 +1,333 @@
+//! Loader for the kernel plane: loads the eBPF object, attaches every hook (tp_btf, or
+//! raw_tracepoint where tp_btf is refused), manages the watched processes, and reads the
+//! per-thread accumulators on demand. Dropping it detaches and unloads everything.
+
+use std::{collections::HashMap as StdHashMap, os::fd::OwnedFd, time::Duration};
+
+use anyhow::{anyhow, Context, Result};
+use aya::{
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{BtfTracePoint, RawTracePoint},
+    Btf, Ebpf, EbpfLoader, Endianness,
+};
+use log::{info, warn};
+use probe_common::{
+    map, prog, state, Config, SyscallKey, SyscallStats, ThreadStats, EVENT_RING_BYTES,
+};
+
+use crate::{btf_offsets::TaskOffsets, clock, features::Features, procfs};
+
+/// The compiled eBPF object, built by build.rs with the pinned nightly.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe-ebpf"));
+
+/// Flag for `bpf_map_update_elem`: only create, never overwrite.
+const BPF_NOEXIST: u64 = 1;
+
+/// How a hook was attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachKind {
+    /// BTF-enabled tracepoint (preferred, cheaper argument access).
+    TpBtf,
+    /// Raw tracepoint (fallback).
+    RawTracepoint,
+}
+
+/// One attached hook.
+#[derive(Debug, Clone)]
+pub struct Hook {
+    /// Tracepoint name, e.g. `sched_switch`.
+    pub tracepoint: &'static str,
+    /// Name of the program that serves it.
+    pub program: &'static str,
+    /// Attach type.
+    pub kind: AttachKind,
+}
+
+/// Run-time statistics of one program (needs [`KernelPlane::enable_run_stats`]).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ProgramStats {
+    /// Tracepoint name.
+    pub tracepoint: String,
+    /// Times the program ran.
+    pub run_count: u64,
+    /// Total ns spent in it.
+    pub run_time_ns: u64,
+}
+
+/// All accumulators at one instant.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// CLOCK_MONOTONIC ns when reading finished.
+    pub taken_ns: u64,
+    /// Per thread id; `on_cpu_ns`/`runq_wait_ns`/`blocked_ns` include the interval in
+    /// progress at read time.
+    pub threads: StdHashMap<u32, ThreadStats>,
+    /// Per (tid, syscall).
+    pub syscalls: StdHashMap<(u32, u32), SyscallStats>,
+    /// Deep-dive events lost so far (ring full).
+    pub lost_events: u64,
+}
+
+/// The loaded kernel plane.
+pub struct KernelPlane {
+    ebpf: Ebpf,
+    watched: HashMap<MapData, u32, u32>,
+    config_map: Array<MapData, Config>,
+    threads: HashMap<MapData, u32, ThreadStats>,
+    syscalls: HashMap<MapData, SyscallKey, SyscallStats>,
+    lost: PerCpuArray<MapData, u64>,
+    ring: Option<RingBuf<MapData>>,
+    config: Config,
+    hooks: Vec<Hook>,
+    run_stats: Option<OwnedFd>,
+}
+
+impl KernelPlane {
+    /// Loads and attaches every program. `features` must satisfy [`Features::require`].
+    pub fn load(features: &Features) -> Result<Self> {
+        raise_memlock_limit();
+        let offsets = TaskOffsets::from_btf(&features.paths.btf)?;
+        let btf = Btf::parse_file(&features.paths.btf, Endianness::default())
+            .with_context(|| format!("cannot parse kernel BTF {}", features.paths.btf.display()))?;
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&btf))
+            .load(EBPF_OBJECT)
+            .context("loading the eBPF object into the kernel")?;
+
+        let mut take = |name: &str| {
+            ebpf.take_map(name)
+                .ok_or_else(|| anyhow!("eBPF object has no map {name}"))
+        };
+        let watched = HashMap::try_from(take(map::WATCHED)?)?;
+        let mut config_map = Array::try_from(take(map::CONFIG)?)?;
+        let threads = HashMap::try_from(take(map::THREAD_STATS)?)?;
+        let syscalls = HashMap::try_from(take(map::SYSCALL_STATS)?)?;
+        let lost = PerCpuArray::try_from(take(map::LOST)?)?;
+        let ring = RingBuf::try_from(take(map::EVENTS)?)?;
+
+        let config = Config {
+            self_tgid: std::process::id(),
+            deep_dive: 0,
+            task_pid_off: offsets.pid,
+            task_tgid_off: offsets.tgid,
+            wake_threshold: u64::from(EVENT_RING_BYTES / 4),
+        };
+        config_map
+            .set(0, config, 0)
+            .context("writing the probe configuration")?;
+
+        let hooks = attach_all(&mut ebpf, &btf, features)?;
+        let kinds: Vec<String> = hooks
+            .iter()
+            .map(|h| format!("{}:{:?}", h.tracepoint, h.kind))
+            .collect();
+        info!("kernel plane attached: {}", kinds.join(" "));
+        Ok(Self {
+            ebpf,
+            watched,
+            config_map,
+            threads,
+            syscalls,
+            lost,
+            ring: Some(ring),
+            config,
+            hooks,
+            run_stats: None,
+        })
+    }
+
+    /// Starts accounting the threads of `pid`. Existing threads are seeded from /proc so
+    /// that time before their first event is credited: runnable ones as "running or
+    /// waiting, resolved by the first switch", the others as blocked since now.
+    pub fn watch(&mut self, pid: u32) -> Result<()> {
+        if pid == std::process::id() {
+            return Err(anyhow!("stallscope does not watch itself (pid {pid})"));
+        }
+        self.watched
+            .insert(pid, 1, 0)
+            .with_context(|| format!("watching pid {pid}"))?;
+        let now = clock::monotonic_ns();
+        for tid in procfs::threads(pid) {
+            let Some(st) = procfs::thread_state(pid, tid) else {
+                continue;
+            };
+            let seeded = ThreadStats {
+                tgid: pid,
+                state: if st == 'R' {
+                    state::UNKNOWN_RUNNABLE
+                } else {
+                    state::BLOCKED
+                },
+                mark_ns: now,
+                sys_nr: u32::MAX,
+                ..ThreadStats::default()
+            };
+            // The kernel may already have created the entry from an event: keep its.
+            let _ = self.threads.insert(tid, seeded, BPF_NOEXIST);
+        }
+        Ok(())
+    }
+
+    /// Stops accounting `pid` and forgets its threads.
+    pub fn unwatch(&mut self, pid: u32) -> Result<()> {
+        let _ = self.watched.remove(&pid);
+        let tids: Vec<u32> = self
+            .threads
+            .iter()
+            .filter_map(|r| r.ok())
+            .filter(|(_, s)| s.tgid == pid)
+            .map(|(tid, _)| tid)
+            .collect();
+        self.forget_threads(&tids);
+        Ok(())
+    }
+
+    /// Removes the accumulators of these threads (e.g. exited ones already reported).
+    pub fn forget_threads(&mut self, tids: &[u32]) {
+        for tid in tids {
+            let _ = self.threads.remove(tid);
+        }
+        let keys: Vec<SyscallKey> = self
+            .syscalls
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| tids.contains(&k.tid))
+            .collect();
+        for k in keys {
+            let _ = self.syscalls.remove(&k);
+        }
+    }
+
+    /// Switches the raw event stream on or off.
+    pub fn set_deep_dive(&mut self, on: bool) -> Result<()> {
+        self.config.deep_dive = u32::from(on);
+        self.config_map
+            .set(0, self.config, 0)
+            .context("switching deep-dive mode")?;
+        Ok(())
+    }
+
+    /// Hands out the deep-dive ring (once).
+    pub fn take_ring(&mut self) -> Option<RingBuf<MapData>> {
+        self.ring.take()
+    }
+
+    /// Deep-dive events dropped so far because the ring was full.
+    pub fn lost_events(&self) -> u64 {
+        self.lost.get(&0, 0).map(|v| v.iter().sum()).unwrap_or(0)
+    }
+
+    /// Reads every accumulator now.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut snap = Snapshot::default();
+        for (tid, mut s) in self.threads.iter().filter_map(|r| r.ok()) {
+            if s.exited == 0 {
+                let open = clock::monotonic_ns().saturating_sub(s.mark_ns);
+                match s.state {
+                    state::RUNNING | state::UNKNOWN_RUNNABLE => s.on_cpu_ns += open,
+                    state::RUNNABLE => s.runq_wait_ns += open,
+                    state::BLOCKED => s.blocked_ns += open,
+                    _ => {}
+                }
+            }
+            snap.threads.insert(tid, s);
+        }
+        for (k, v) in self.syscalls.iter().filter_map(|r| r.ok()) {
+            snap.syscalls.insert((k.tid, k.nr), v);
+        }
+        snap.lost_events = self.lost_events();
+        snap.taken_ns = clock::monotonic_ns();
+        snap
+    }
+
+    /// Turns on the kernel's per-program run-time statistics (BPF_ENABLE_STATS) while
+    /// this plane lives.
+    pub fn enable_run_stats(&mut self) -> Result<()> {
+        let fd = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+            .context("enabling BPF run-time statistics")?;
+        self.run_stats = Some(fd);
+        Ok(())
+    }
+
+    /// The hooks and how each is attached.
+    pub fn hooks(&self) -> &[Hook] {
+        &self.hooks
+    }
+
+    /// Cumulative run count and run time of every attached program.
+    pub fn program_stats(&self) -> Vec<ProgramStats> {
+        self.hooks
+            .iter()
+            .filter_map(|h| {
+                let info = self.ebpf.program(h.program)?.info().ok()?;
+                Some(ProgramStats {
+                    tracepoint: h.tracepoint.to_string(),
+                    run_count: info.run_count(),
+                    run_time_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Attaches every hook: tp_btf when the kernel takes it, else the raw_tracepoint twin.
+fn attach_all(ebpf: &mut Ebpf, btf: &Btf, features: &Features) -> Result<Vec<Hook>> {
+    let mut hooks = Vec::new();
+    for (btf_prog, raw_prog, tp) in prog::HOOKS {
+        if features.btf {
+            let p: &mut BtfTracePoint = ebpf
+                .program_mut(btf_prog)
+                .ok_or_else(|| anyhow!("eBPF object has no program {btf_prog}"))?
+                .try_into()?;
+            match p
+                .load(tp, btf)
+                .map_err(anyhow::Error::from)
+                .and_then(|()| Ok(p.attach()?))
+            {
+                Ok(_) => {
+                    hooks.push(Hook {
+                        tracepoint: tp,
+                        program: btf_prog,
+                        kind: AttachKind::TpBtf,
+                    });
+                    continue;
+                }
+                Err(e) => warn!("tp_btf {tp} refused ({e:#}); falling back to raw_tracepoint"),
+            }
+        }
+        let p: &mut RawTracePoint = ebpf
+            .program_mut(raw_prog)
+            .ok_or_else(|| anyhow!("eBPF object has no program {raw_prog}"))?
+            .try_into()?;
+        p.load()
+            .with_context(|| format!("loading the raw_tracepoint program for {tp}"))?;
+        p.attach(tp)
+            .with_context(|| format!("attaching to raw tracepoint {tp}"))?;
+        hooks.push(Hook {
+            tracepoint: tp,
+            program: raw_prog,
+            kind: AttachKind::RawTracepoint,
+        });
+    }
+    Ok(hooks)
+}
+
+/// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; lift the soft limit to the
+/// hard one (best effort: newer kernels do not need it).
+fn raise_memlock_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls with valid pointers.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) == 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim);
+        }
+    }
+}
+
+/// How long to let the probes run before a measurement window opens, so running threads
+/// get their first switch events.
+pub const WARMUP: Duration = Duration::from_millis(100);

@@ -1,0 +1,118 @@
+//! stallscope: attach to a running LLM inference engine and find out why single
+//! iterations stall. This binary is the loader, daemon and CLI; it wires the planes
+//! together.
+
+mod accounting;
+mod btf_offsets;
+mod clock;
+mod config;
+mod daemon;
+mod deep_dive;
+mod features;
+mod kernel_plane;
+mod probe_cmd;
+mod procfs;
+mod syscall_names;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Parser, Subcommand};
+
+use crate::features::{Features, KernelPaths};
+
+/// Observability sidecar for LLM inference engines: attaches to a running engine with
+/// no restart and accounts where each thread's time goes.
+#[derive(Debug, Parser)]
+#[command(name = "stallscope", version, about, long_about = None)]
+struct Cli {
+    /// Kernel BTF file (for kernels whose BTF is not at the default place).
+    #[arg(
+        long,
+        global = true,
+        env = "STALLSCOPE_BTF",
+        default_value = "/sys/kernel/btf/vmlinux"
+    )]
+    btf: PathBuf,
+    /// tracefs mount point.
+    #[arg(
+        long,
+        global = true,
+        env = "STALLSCOPE_TRACEFS",
+        default_value = "/sys/kernel/tracing"
+    )]
+    tracefs: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start the daemon: watch the configured processes until SIGINT/SIGTERM.
+    Run {
+        /// Configuration file (default: the embedded one; see config/default.toml).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Also watch this pid (repeatable).
+        #[arg(long)]
+        pid: Vec<u32>,
+    },
+    /// Account every thread of a process over a window: on-CPU, run-queue wait, blocked
+    /// time, context switches, top syscalls.
+    Probe(probe_cmd::ProbeArgs),
+    /// Report which kernel features and privileges stallscope can use here, then load
+    /// and attach every probe once to show how each hook attaches.
+    Check,
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .format_target(false)
+        .init();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let paths = KernelPaths {
+        btf: cli.btf,
+        tracefs: cli.tracefs,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    match cli.command {
+        Command::Run { config, pid } => {
+            let mut cfg = config::Config::load(config.as_deref())?;
+            cfg.watch.pids.extend(pid);
+            rt.block_on(daemon::run(&cfg, &paths))
+        }
+        Command::Probe(args) => rt.block_on(probe_cmd::run(&args, &paths)),
+        Command::Check => {
+            let f = Features::detect(&paths);
+            for (what, ok, detail) in f.describe() {
+                println!(
+                    "{:<36} {:<4} {detail}",
+                    what,
+                    if ok { "ok" } else { "MISSING" }
+                );
+            }
+            f.require()?;
+            let plane = kernel_plane::KernelPlane::load(&f)?;
+            for h in plane.hooks() {
+                println!(
+                    "{:<36} ok   {:?} ({})",
+                    format!("hook {}", h.tracepoint),
+                    h.kind,
+                    h.program
+                );
+            }
+            Ok(())
+        }
+    }
+}

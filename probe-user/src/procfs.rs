@@ -1,0 +1,76 @@
+//! Small readers for /proc: processes, their threads, names and states.
+
+use std::{fs, path::PathBuf};
+
+/// `/proc/PID`.
+fn proc_dir(pid: u32) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}"))
+}
+
+/// Whether a process with this pid exists (and is not a zombie already reaped).
+pub fn process_exists(pid: u32) -> bool {
+    match thread_state(pid, pid) {
+        Some(state) => state != 'Z' && state != 'X',
+        None => false,
+    }
+}
+
+/// The thread ids of `pid` right now (empty if it is gone).
+pub fn threads(pid: u32) -> Vec<u32> {
+    let Ok(dir) = fs::read_dir(proc_dir(pid).join("task")) else {
+        return Vec::new();
+    };
+    let mut tids: Vec<u32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    tids
+}
+
+/// The thread's name (`comm`), if it still exists.
+pub fn thread_comm(pid: u32, tid: u32) -> Option<String> {
+    let s = fs::read_to_string(proc_dir(pid).join(format!("task/{tid}/comm"))).ok()?;
+    Some(s.trim_end_matches('\n').to_string())
+}
+
+/// The process's command line, arguments joined by spaces.
+pub fn cmdline(pid: u32) -> Option<String> {
+    let raw = fs::read(proc_dir(pid).join("cmdline")).ok()?;
+    let parts: Vec<String> = raw
+        .split(|b| *b == 0)
+        .filter(|p| !p.is_empty())
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    Some(parts.join(" "))
+}
+
+/// The one-letter scheduler state of a thread (`R`, `S`, `D`, ...), from `stat`.
+pub fn thread_state(pid: u32, tid: u32) -> Option<char> {
+    let stat = fs::read_to_string(proc_dir(pid).join(format!("task/{tid}/stat"))).ok()?;
+    // The comm field may contain spaces and parentheses: the state follows the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().next()?.chars().next()
+}
+
+/// All pids currently in /proc.
+pub fn all_pids() -> Vec<u32> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_own_process() {
+        let me = std::process::id();
+        assert!(process_exists(me));
+        assert!(threads(me).contains(&me));
+        assert_eq!(thread_state(me, me), Some('R'));
+        assert!(!process_exists(u32::MAX - 1));
+    }
+}
