@@ -1,0 +1,297 @@
+//! End-to-end tests of the kernel plane: the real `stallscope` binary, real eBPF in the
+//! running kernel, real workload processes. They need root (CI runs as root).
+
+use std::{
+    io::{BufRead, BufReader},
+    path::PathBuf,
+    process::{Child, Command, Output, Stdio},
+    time::Duration,
+};
+
+use serde_json::Value;
+
+/// The stallscope binary (`cargo xtask test` builds it and sets STALLSCOPE_BIN).
+fn stallscope() -> Command {
+    let bin = std::env::var_os("STALLSCOPE_BIN").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/stallscope")
+    });
+    assert!(bin.exists(), "{} is missing: run `cargo xtask test`", bin.display());
+    let mut c = Command::new(bin);
+    c.env("RUST_LOG", "info");
+    c
+}
+
+fn require_root() {
+    // SAFETY: no arguments.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "the kernel-plane tests load eBPF programs and must run as root");
+}
+
+/// A running workload process, killed on drop.
+struct Workload {
+    child: Child,
+    info: Value,
+}
+
+impl Workload {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_stallscope-workload"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start workload");
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        let info = serde_json::from_str(&line).expect("workload announces itself");
+        Self { child, info }
+    }
+
+    fn pid(&self) -> u32 {
+        self.info["pid"].as_u64().unwrap() as u32
+    }
+
+    fn tid(&self, name: &str) -> u32 {
+        self.info[name].as_u64().unwrap() as u32
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// (on-CPU ns, run-queue wait ns) from the kernel's own accounting.
+fn schedstat(pid: u32, tid: u32) -> (u64, u64) {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).unwrap();
+    let v: Vec<u64> = s.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    (v[0], v[1])
+}
+
+fn run_json(args: &[&str]) -> (Output, Value) {
+    let out = stallscope().args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stallscope {args:?} failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = serde_json::from_str(&stdout).expect("probe --json prints one JSON object");
+    (out, v)
+}
+
+fn thread<'a>(report: &'a Value, tid: u32) -> &'a Value {
+    report["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tid"] == tid)
+        .unwrap_or_else(|| panic!("thread {tid} missing from {report}"))
+}
+
+fn assert_close(what: &str, ours: u64, kernel: u64) {
+    let diff = ours.abs_diff(kernel) as f64;
+    let tolerance = (kernel as f64 * 0.05).max(1e6);
+    assert!(
+        diff <= tolerance,
+        "{what}: stallscope {ours} ns vs kernel schedstat {kernel} ns (diff {diff} > {tolerance})"
+    );
+}
+
+/// On-CPU and run-queue wait agree with /proc/PID/task/TID/schedstat within 5 % on a busy
+/// thread and a sleeping thread that share a CPU with a pinned CPU hog.
+#[test]
+fn accounting_matches_kernel_schedstat() {
+    require_root();
+    let cpu = (std::thread::available_parallelism().map_or(1, |n| n.get()) - 1).to_string();
+    let mix = Workload::start(&["sched-mix", "--cpu", &cpu]);
+    let _hog = Workload::start(&["hog", "--cpu", &cpu]);
+    let pid = mix.pid();
+    let (busy, sleeper) = (mix.tid("busy_tid"), mix.tid("sleeper_tid"));
+
+    let mut probe = stallscope()
+        .args(["probe", "--pid", &pid.to_string(), "--duration", "3s", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut at_open = None;
+    let mut at_close = None;
+    for line in BufReader::new(probe.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.starts_with("probe: window open") {
+            at_open = Some([schedstat(pid, busy), schedstat(pid, sleeper)]);
+        } else if line.starts_with("probe: window closed") {
+            at_close = Some([schedstat(pid, busy), schedstat(pid, sleeper)]);
+        }
+    }
+    let out = probe.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (open, close) = (at_open.expect("window opened"), at_close.expect("window closed"));
+
+    for (i, (name, tid)) in [("busy", busy), ("sleeper", sleeper)].into_iter().enumerate() {
+        let t = thread(&report, tid);
+        let kernel_cpu = close[i].0 - open[i].0;
+        let kernel_runq = close[i].1 - open[i].1;
+        eprintln!(
+            "{name}: on-cpu ours {} kernel {kernel_cpu}; runq ours {} kernel {kernel_runq}",
+            t["on_cpu_ns"], t["runq_wait_ns"]
+        );
+        assert_close(&format!("{name} on-CPU"), t["on_cpu_ns"].as_u64().unwrap(), kernel_cpu);
+        assert_close(&format!("{name} run-queue wait"), t["runq_wait_ns"].as_u64().unwrap(), kernel_runq);
+    }
+    // The busy thread shares its CPU with the hog: it waits a lot and gets preempted.
+    assert!(kernel_runq_share(&report, busy) > 0.2, "busy thread barely waited: {report}");
+    assert!(thread(&report, busy)["nivcsw"].as_u64().unwrap() > 10);
+    // The sleeper blocks ~2 ms at a time, voluntarily.
+    let s = thread(&report, sleeper);
+    assert!(s["blocked_ns"].as_u64().unwrap() > 1_000_000_000, "{s}");
+    assert!(s["nvcsw"].as_u64().unwrap() > 100, "{s}");
+    assert!(s["syscalls"]["clock_nanosleep"]["count"].as_u64().unwrap() > 100, "{s}");
+}
+
+fn kernel_runq_share(report: &Value, tid: u32) -> f64 {
+    let t = thread(report, tid);
+    t["runq_wait_ns"].as_f64().unwrap() / report["window_ns"].as_f64().unwrap()
+}
+
+/// Syscall counts, latency totals and send/recv bytes are attributed to the right thread.
+#[test]
+fn syscalls_and_network_bytes_are_counted() {
+    require_root();
+    let storm = Workload::start(&["syscall-storm", "--threads", "1"]);
+    let (_, report) = run_json(&["probe", "--pid", &storm.pid().to_string(), "--duration", "1s", "--json"]);
+    let storm_thread = report["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["comm"] == "storm0")
+        .unwrap_or_else(|| panic!("no storm0 thread in {report}"));
+    let sys = &storm_thread["syscalls"];
+    let getppid = sys["getppid"]["count"].as_u64().unwrap();
+    let sendto = sys["sendto"]["count"].as_u64().unwrap();
+    assert!(getppid > 10_000, "{sys}");
+    // 64 getppid per sendto in the workload loop.
+    assert!((getppid as f64 / sendto as f64 - 64.0).abs() < 2.0, "{sys}");
+    assert!(sys["getppid"]["total_ns"].as_u64().unwrap() > 0);
+    let hist: u64 = sys["getppid"]["hist_log2_ns"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(hist, getppid, "histogram counts every call");
+    let tx = storm_thread["net_tx_bytes"].as_u64().unwrap();
+    assert_eq!(tx, 100 * sendto, "each sendto sends 100 bytes");
+    assert!(storm_thread["net_rx_bytes"].as_u64().unwrap() >= 100 * (sendto - 1));
+    assert_eq!(report["lost_events"], 0);
+}
+
+/// Deep-dive mode streams raw events, and reports lost events.
+#[test]
+fn deep_dive_streams_events() {
+    require_root();
+    let storm = Workload::start(&["syscall-storm", "--threads", "1"]);
+    let (_, report) = run_json(&[
+        "probe", "--pid", &storm.pid().to_string(), "--duration", "1s", "--json", "--deep-dive",
+    ]);
+    let ev = &report["deep_dive"]["events"];
+    let (enter, exit) = (ev["sys_enter"].as_u64().unwrap(), ev["sys_exit"].as_u64().unwrap());
+    assert!(enter > 10_000, "{ev}");
+    assert!(enter.abs_diff(exit) < 16, "every enter has its exit: {ev}");
+    assert!(report["lost_events"].is_u64());
+}
+
+#[test]
+fn no_such_pid_is_a_clear_error() {
+    let out = stallscope().args(["probe", "--pid", "4000000", "--duration", "1s"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no such process: pid 4000000"), "{err}");
+}
+
+/// The target exits mid-window: a partial result for the part before, with a note.
+#[test]
+fn target_exit_during_probe_gives_partial_result() {
+    require_root();
+    let w = Workload::start(&["exit-after", "--ms", "1200"]);
+    let (out, report) = run_json(&["probe", "--pid", &w.pid().to_string(), "--duration", "10s", "--json"]);
+    assert_eq!(report["target_exited"], true);
+    let window = report["window_ns"].as_u64().unwrap();
+    assert!(window < 5_000_000_000, "window should end with the process: {window}");
+    assert!(report["note"].as_str().unwrap().contains("exited"), "{report}");
+    let workers: Vec<&Value> = report["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["comm"].as_str().unwrap().starts_with("worker"))
+        .collect();
+    assert_eq!(workers.len(), 3, "{report}");
+    for t in workers {
+        assert_eq!(t["exited"], true);
+        assert!(t["on_cpu_ns"].as_u64().unwrap() > 100_000_000, "{t}");
+    }
+    assert!(String::from_utf8_lossy(&out.stderr).contains("note: process"));
+}
+
+#[test]
+fn no_privileges_is_a_clear_error() {
+    require_root();
+    let w = Workload::start(&["hog", "--cpu", "0"]);
+    let bin = stallscope().get_program().to_owned();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
+        .arg(bin)
+        .args(["probe", "--pid", &w.pid().to_string(), "--duration", "1s"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("missing privileges") && err.contains("CAP_BPF"), "{err}");
+}
+
+#[test]
+fn missing_btf_or_tracefs_is_a_clear_error() {
+    require_root();
+    let w = Workload::start(&["hog", "--cpu", "0"]);
+    let pid = w.pid().to_string();
+    let empty = std::env::temp_dir().join("stallscope-empty-tracefs");
+    std::fs::create_dir_all(&empty).unwrap();
+
+    let out = stallscope().args(["--btf", "/nonexistent/vmlinux", "probe", "--pid", &pid]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("missing kernel BTF: /nonexistent/vmlinux"), "{err}");
+
+    let out = stallscope().arg("--tracefs").arg(&empty).args(["probe", "--pid", &pid]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tracefs is not mounted at") && err.contains("mount -t tracefs"), "{err}");
+}
+
+/// `stallscope run` starts on its embedded default, says what it watches, and stops
+/// cleanly on SIGTERM.
+#[test]
+fn daemon_starts_and_stops_on_sigterm() {
+    require_root();
+    let w = Workload::start(&["hog", "--cpu", "0"]);
+    let mut daemon = stallscope()
+        .args(["run", "--pid", &w.pid().to_string()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(daemon.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen.push(line.clone());
+        if line.contains(&format!("watching pid {}", w.pid())) {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    seen.extend(lines.map(|l| l.unwrap()));
+    let status = daemon.wait().unwrap();
+    let log = seen.join("\n");
+    assert!(status.success(), "{log}");
+    assert!(log.contains("SIGTERM: stopping") && log.contains("stallscope stopped"), "{log}");
+}

@@ -1,0 +1,204 @@
+//! Real workloads for stallscope's end-to-end tests and benchmarks. Each mode prints one
+//! JSON line describing itself (pid, thread ids) once it is running.
+
+use std::{
+    io::Write,
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Subcommand)]
+enum Mode {
+    /// A busy thread and a mostly-sleeping thread, both pinned to `cpu`.
+    SchedMix {
+        #[arg(long, default_value_t = 1)]
+        cpu: usize,
+    },
+    /// One spinning thread pinned to `cpu`.
+    Hog {
+        #[arg(long, default_value_t = 1)]
+        cpu: usize,
+    },
+    /// `threads` threads issuing cheap syscalls (getppid) and sendto/recvfrom on a socketpair.
+    SyscallStorm {
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+    },
+    /// Two threads bouncing a byte over pipes for `seconds`; prints round trips per second.
+    Pingpong {
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+    },
+    /// Starts a few threads that work and sleep, then exits after `ms`.
+    ExitAfter {
+        #[arg(long)]
+        ms: u64,
+    },
+}
+
+fn gettid() -> u32 {
+    // SAFETY: no arguments.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+fn pin(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; we set one bit and apply it to this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+fn spin_for(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+fn announce(v: serde_json::Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{v}");
+    let _ = out.flush();
+}
+
+fn spawn_named(name: &str, f: impl FnOnce() + Send + 'static) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new().name(name.into()).spawn(f).expect("spawn")
+}
+
+fn main() {
+    match Cli::parse().mode {
+        Mode::SchedMix { cpu } => {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let t1 = tx.clone();
+            spawn_named("busy", move || {
+                pin(cpu);
+                t1.send(("busy", gettid())).unwrap();
+                loop {
+                    spin_for(Duration::from_secs(1));
+                }
+            });
+            spawn_named("sleeper", move || {
+                pin(cpu);
+                tx.send(("sleeper", gettid())).unwrap();
+                loop {
+                    spin_for(Duration::from_micros(300));
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            });
+            let mut v = serde_json::json!({ "pid": std::process::id() });
+            for _ in 0..2 {
+                let (name, tid) = rx.recv().unwrap();
+                v[format!("{name}_tid")] = tid.into();
+            }
+            announce(v);
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+        Mode::Hog { cpu } => {
+            pin(cpu);
+            announce(serde_json::json!({ "pid": std::process::id() }));
+            loop {
+                spin_for(Duration::from_secs(1));
+            }
+        }
+        Mode::SyscallStorm { threads } => {
+            for i in 0..threads {
+                spawn_named(&format!("storm{i}"), || {
+                    let mut fds = [0; 2];
+                    // SAFETY: valid array for two fds.
+                    unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_DGRAM, 0, fds.as_mut_ptr()) };
+                    let buf = [7u8; 100];
+                    let mut rbuf = [0u8; 100];
+                    loop {
+                        for _ in 0..64 {
+                            // SAFETY: plain syscalls on our own fds and buffers.
+                            unsafe { libc::getppid() };
+                        }
+                        // SAFETY: as above.
+                        unsafe {
+                            libc::sendto(fds[0], buf.as_ptr().cast(), buf.len(), 0, std::ptr::null(), 0);
+                            libc::recvfrom(fds[1], rbuf.as_mut_ptr().cast(), rbuf.len(), 0, std::ptr::null_mut(), std::ptr::null_mut());
+                        }
+                    }
+                });
+            }
+            announce(serde_json::json!({ "pid": std::process::id() }));
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+        Mode::Pingpong { seconds } => pingpong(Duration::from_secs_f64(seconds)),
+        Mode::ExitAfter { ms } => {
+            static STOP: AtomicBool = AtomicBool::new(false);
+            for i in 0..3 {
+                spawn_named(&format!("worker{i}"), || {
+                    while !STOP.load(Ordering::Relaxed) {
+                        spin_for(Duration::from_millis(1));
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                });
+            }
+            announce(serde_json::json!({ "pid": std::process::id() }));
+            std::thread::sleep(Duration::from_millis(ms));
+            STOP.store(true, Ordering::Relaxed);
+            std::process::exit(0);
+        }
+    }
+}
+
+/// Round trips between two threads over a pair of pipes: every trip is two voluntary
+/// context switches (a context-switch-heavy workload for overhead measurements).
+fn pingpong(d: Duration) {
+    let mut a = [0; 2];
+    let mut b = [0; 2];
+    // SAFETY: valid arrays for the pipe fds.
+    unsafe {
+        libc::pipe(a.as_mut_ptr());
+        libc::pipe(b.as_mut_ptr());
+    }
+    static TRIPS: AtomicU64 = AtomicU64::new(0);
+    let (a_read, b_write) = (a[0], b[1]);
+    let echo = spawn_named("pong", move || {
+        let mut byte = [0u8; 1];
+        loop {
+            // SAFETY: our own pipe fds and a one-byte buffer.
+            if unsafe { libc::read(a_read, byte.as_mut_ptr().cast(), 1) } != 1 || byte[0] == 0 {
+                return;
+            }
+            unsafe { libc::write(b_write, byte.as_ptr().cast(), 1) };
+        }
+    });
+    announce(serde_json::json!({ "pid": std::process::id() }));
+    let start = Instant::now();
+    let mut byte = [1u8; 1];
+    while start.elapsed() < d {
+        for _ in 0..100 {
+            // SAFETY: as above.
+            unsafe {
+                libc::write(a[1], [1u8].as_ptr().cast(), 1);
+                libc::read(b[0], byte.as_mut_ptr().cast(), 1);
+            }
+        }
+        TRIPS.fetch_add(100, Ordering::Relaxed);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    // SAFETY: a zero byte tells the echo thread to stop.
+    unsafe { libc::write(a[1], [0u8].as_ptr().cast(), 1) };
+    let _ = echo.join();
+    announce(serde_json::json!({
+        "round_trips": TRIPS.load(Ordering::Relaxed),
+        "seconds": secs,
+        "round_trips_per_sec": TRIPS.load(Ordering::Relaxed) as f64 / secs,
+    }));
+}
