@@ -12,10 +12,16 @@ use serde_json::Value;
 
 /// The stallscope binary (`cargo xtask test` builds it and sets STALLSCOPE_BIN).
 fn stallscope() -> Command {
-    let bin = std::env::var_os("STALLSCOPE_BIN").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/stallscope")
-    });
-    assert!(bin.exists(), "{} is missing: run `cargo xtask test`", bin.display());
+    let bin = std::env::var_os("STALLSCOPE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/stallscope")
+        });
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo xtask test`",
+        bin.display()
+    );
     let mut c = Command::new(bin);
     c.env("RUST_LOG", "info");
     c
@@ -24,7 +30,10 @@ fn stallscope() -> Command {
 fn require_root() {
     // SAFETY: no arguments.
     let euid = unsafe { libc::geteuid() };
-    assert_eq!(euid, 0, "the kernel-plane tests load eBPF programs and must run as root");
+    assert_eq!(
+        euid, 0,
+        "the kernel-plane tests load eBPF programs and must run as root"
+    );
 }
 
 /// A running workload process, killed on drop.
@@ -41,7 +50,9 @@ impl Workload {
             .spawn()
             .expect("start workload");
         let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
         let info = serde_json::from_str(&line).expect("workload announces itself");
         Self { child, info }
     }
@@ -81,7 +92,7 @@ fn run_json(args: &[&str]) -> (Output, Value) {
     (out, v)
 }
 
-fn thread<'a>(report: &'a Value, tid: u32) -> &'a Value {
+fn thread(report: &Value, tid: u32) -> &Value {
     report["threads"]
         .as_array()
         .unwrap()
@@ -111,7 +122,14 @@ fn accounting_matches_kernel_schedstat() {
     let (busy, sleeper) = (mix.tid("busy_tid"), mix.tid("sleeper_tid"));
 
     let mut probe = stallscope()
-        .args(["probe", "--pid", &pid.to_string(), "--duration", "3s", "--json"])
+        .args([
+            "probe",
+            "--pid",
+            &pid.to_string(),
+            "--duration",
+            "3s",
+            "--json",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -129,9 +147,15 @@ fn accounting_matches_kernel_schedstat() {
     let out = probe.wait_with_output().unwrap();
     assert!(out.status.success());
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let (open, close) = (at_open.expect("window opened"), at_close.expect("window closed"));
+    let (open, close) = (
+        at_open.expect("window opened"),
+        at_close.expect("window closed"),
+    );
 
-    for (i, (name, tid)) in [("busy", busy), ("sleeper", sleeper)].into_iter().enumerate() {
+    for (i, (name, tid)) in [("busy", busy), ("sleeper", sleeper)]
+        .into_iter()
+        .enumerate()
+    {
         let t = thread(&report, tid);
         let kernel_cpu = close[i].0 - open[i].0;
         let kernel_runq = close[i].1 - open[i].1;
@@ -139,17 +163,31 @@ fn accounting_matches_kernel_schedstat() {
             "{name}: on-cpu ours {} kernel {kernel_cpu}; runq ours {} kernel {kernel_runq}",
             t["on_cpu_ns"], t["runq_wait_ns"]
         );
-        assert_close(&format!("{name} on-CPU"), t["on_cpu_ns"].as_u64().unwrap(), kernel_cpu);
-        assert_close(&format!("{name} run-queue wait"), t["runq_wait_ns"].as_u64().unwrap(), kernel_runq);
+        assert_close(
+            &format!("{name} on-CPU"),
+            t["on_cpu_ns"].as_u64().unwrap(),
+            kernel_cpu,
+        );
+        assert_close(
+            &format!("{name} run-queue wait"),
+            t["runq_wait_ns"].as_u64().unwrap(),
+            kernel_runq,
+        );
     }
     // The busy thread shares its CPU with the hog: it waits a lot and gets preempted.
-    assert!(kernel_runq_share(&report, busy) > 0.2, "busy thread barely waited: {report}");
+    assert!(
+        kernel_runq_share(&report, busy) > 0.2,
+        "busy thread barely waited: {report}"
+    );
     assert!(thread(&report, busy)["nivcsw"].as_u64().unwrap() > 10);
     // The sleeper blocks ~2 ms at a time, voluntarily.
     let s = thread(&report, sleeper);
     assert!(s["blocked_ns"].as_u64().unwrap() > 1_000_000_000, "{s}");
     assert!(s["nvcsw"].as_u64().unwrap() > 100, "{s}");
-    assert!(s["syscalls"]["clock_nanosleep"]["count"].as_u64().unwrap() > 100, "{s}");
+    assert!(
+        s["syscalls"]["clock_nanosleep"]["count"].as_u64().unwrap() > 100,
+        "{s}"
+    );
 }
 
 fn kernel_runq_share(report: &Value, tid: u32) -> f64 {
@@ -162,7 +200,14 @@ fn kernel_runq_share(report: &Value, tid: u32) -> f64 {
 fn syscalls_and_network_bytes_are_counted() {
     require_root();
     let storm = Workload::start(&["syscall-storm", "--threads", "1"]);
-    let (_, report) = run_json(&["probe", "--pid", &storm.pid().to_string(), "--duration", "1s", "--json"]);
+    let (_, report) = run_json(&[
+        "probe",
+        "--pid",
+        &storm.pid().to_string(),
+        "--duration",
+        "1s",
+        "--json",
+    ]);
     let storm_thread = report["threads"]
         .as_array()
         .unwrap()
@@ -176,7 +221,12 @@ fn syscalls_and_network_bytes_are_counted() {
     // 64 getppid per sendto in the workload loop.
     assert!((getppid as f64 / sendto as f64 - 64.0).abs() < 2.0, "{sys}");
     assert!(sys["getppid"]["total_ns"].as_u64().unwrap() > 0);
-    let hist: u64 = sys["getppid"]["hist_log2_ns"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
+    let hist: u64 = sys["getppid"]["hist_log2_ns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
     assert_eq!(hist, getppid, "histogram counts every call");
     let tx = storm_thread["net_tx_bytes"].as_u64().unwrap();
     assert_eq!(tx, 100 * sendto, "each sendto sends 100 bytes");
@@ -190,10 +240,19 @@ fn deep_dive_streams_events() {
     require_root();
     let storm = Workload::start(&["syscall-storm", "--threads", "1"]);
     let (_, report) = run_json(&[
-        "probe", "--pid", &storm.pid().to_string(), "--duration", "1s", "--json", "--deep-dive",
+        "probe",
+        "--pid",
+        &storm.pid().to_string(),
+        "--duration",
+        "1s",
+        "--json",
+        "--deep-dive",
     ]);
     let ev = &report["deep_dive"]["events"];
-    let (enter, exit) = (ev["sys_enter"].as_u64().unwrap(), ev["sys_exit"].as_u64().unwrap());
+    let (enter, exit) = (
+        ev["sys_enter"].as_u64().unwrap(),
+        ev["sys_exit"].as_u64().unwrap(),
+    );
     assert!(enter > 10_000, "{ev}");
     assert!(enter.abs_diff(exit) < 16, "every enter has its exit: {ev}");
     assert!(report["lost_events"].is_u64());
@@ -201,7 +260,10 @@ fn deep_dive_streams_events() {
 
 #[test]
 fn no_such_pid_is_a_clear_error() {
-    let out = stallscope().args(["probe", "--pid", "4000000", "--duration", "1s"]).output().unwrap();
+    let out = stallscope()
+        .args(["probe", "--pid", "4000000", "--duration", "1s"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no such process: pid 4000000"), "{err}");
@@ -212,11 +274,24 @@ fn no_such_pid_is_a_clear_error() {
 fn target_exit_during_probe_gives_partial_result() {
     require_root();
     let w = Workload::start(&["exit-after", "--ms", "1200"]);
-    let (out, report) = run_json(&["probe", "--pid", &w.pid().to_string(), "--duration", "10s", "--json"]);
+    let (out, report) = run_json(&[
+        "probe",
+        "--pid",
+        &w.pid().to_string(),
+        "--duration",
+        "10s",
+        "--json",
+    ]);
     assert_eq!(report["target_exited"], true);
     let window = report["window_ns"].as_u64().unwrap();
-    assert!(window < 5_000_000_000, "window should end with the process: {window}");
-    assert!(report["note"].as_str().unwrap().contains("exited"), "{report}");
+    assert!(
+        window < 5_000_000_000,
+        "window should end with the process: {window}"
+    );
+    assert!(
+        report["note"].as_str().unwrap().contains("exited"),
+        "{report}"
+    );
     let workers: Vec<&Value> = report["threads"]
         .as_array()
         .unwrap()
@@ -237,14 +312,23 @@ fn no_privileges_is_a_clear_error() {
     let w = Workload::start(&["hog", "--cpu", "0"]);
     let bin = stallscope().get_program().to_owned();
     let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ])
         .arg(bin)
         .args(["probe", "--pid", &w.pid().to_string(), "--duration", "1s"])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("missing privileges") && err.contains("CAP_BPF"), "{err}");
+    assert!(
+        err.contains("missing privileges") && err.contains("CAP_BPF"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -255,15 +339,29 @@ fn missing_btf_or_tracefs_is_a_clear_error() {
     let empty = std::env::temp_dir().join("stallscope-empty-tracefs");
     std::fs::create_dir_all(&empty).unwrap();
 
-    let out = stallscope().args(["--btf", "/nonexistent/vmlinux", "probe", "--pid", &pid]).output().unwrap();
+    let out = stallscope()
+        .args(["--btf", "/nonexistent/vmlinux", "probe", "--pid", &pid])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("missing kernel BTF: /nonexistent/vmlinux"), "{err}");
+    assert!(
+        err.contains("missing kernel BTF: /nonexistent/vmlinux"),
+        "{err}"
+    );
 
-    let out = stallscope().arg("--tracefs").arg(&empty).args(["probe", "--pid", &pid]).output().unwrap();
+    let out = stallscope()
+        .arg("--tracefs")
+        .arg(&empty)
+        .args(["probe", "--pid", &pid])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("tracefs is not mounted at") && err.contains("mount -t tracefs"), "{err}");
+    assert!(
+        err.contains("tracefs is not mounted at") && err.contains("mount -t tracefs"),
+        "{err}"
+    );
 }
 
 /// `stallscope run` starts on its embedded default, says what it watches, and stops
@@ -293,5 +391,8 @@ fn daemon_starts_and_stops_on_sigterm() {
     let status = daemon.wait().unwrap();
     let log = seen.join("\n");
     assert!(status.success(), "{log}");
-    assert!(log.contains("SIGTERM: stopping") && log.contains("stallscope stopped"), "{log}");
+    assert!(
+        log.contains("SIGTERM: stopping") && log.contains("stallscope stopped"),
+        "{log}"
+    );
 }

@@ -59,7 +59,7 @@ fn config() -> Option<&'static Config> {
 /// Whether a thread of `tgid` is accounted.
 #[inline(always)]
 fn watched(cfg: &Config, tgid: u32) -> bool {
-    tgid != 0 && tgid != cfg.self_tgid && unsafe { WATCHED.get(&tgid) }.is_some()
+    tgid != 0 && tgid != cfg.self_tgid && unsafe { WATCHED.get(tgid) }.is_some()
 }
 
 /// `(tid, tgid)` of a `struct task_struct *`, using offsets userspace read from BTF.
@@ -73,7 +73,7 @@ fn task_ids(cfg: &Config, task: u64) -> (u32, u32) {
 /// The thread's accumulators, created in `initial` state at `now` when first seen.
 #[inline(always)]
 fn stats(tid: u32, tgid: u32, initial: u32, now: u64) -> Option<&'static mut ThreadStats> {
-    if let Some(s) = THREAD_STATS.get_ptr_mut(&tid) {
+    if let Some(s) = THREAD_STATS.get_ptr_mut(tid) {
         return Some(unsafe { &mut *s });
     }
     let fresh = ThreadStats {
@@ -83,8 +83,8 @@ fn stats(tid: u32, tgid: u32, initial: u32, now: u64) -> Option<&'static mut Thr
         sys_nr: NO_SYSCALL,
         ..ThreadStats::default()
     };
-    THREAD_STATS.insert(&tid, &fresh, BPF_NOEXIST as u64).ok()?;
-    THREAD_STATS.get_ptr_mut(&tid).map(|s| unsafe { &mut *s })
+    THREAD_STATS.insert(tid, fresh, BPF_NOEXIST as u64).ok()?;
+    THREAD_STATS.get_ptr_mut(tid).map(|s| unsafe { &mut *s })
 }
 
 /// Appends one deep-dive event without waking the reader unless the ring is filling up.
@@ -186,7 +186,7 @@ fn on_wakeup(ctx: *mut core::ffi::c_void, new_task: bool) -> u32 {
             sys_nr: NO_SYSCALL,
             ..ThreadStats::default()
         };
-        let _ = THREAD_STATS.insert(&tid, &fresh, BPF_ANY as u64);
+        let _ = THREAD_STATS.insert(tid, fresh, BPF_ANY as u64);
     } else if let Some(s) = stats(tid, tgid, state::RUNNABLE, now) {
         if s.state == state::BLOCKED {
             s.blocked_ns += now.saturating_sub(s.mark_ns);
@@ -253,7 +253,7 @@ fn on_sys_exit(ctx: *mut core::ffi::c_void) -> u32 {
     }
     let now = unsafe { bpf_ktime_get_ns() };
     let ret = arg(ctx, 1) as i64;
-    let Some(s) = THREAD_STATS.get_ptr_mut(&tid) else {
+    let Some(s) = THREAD_STATS.get_ptr_mut(tid) else {
         return 0;
     };
     let s = unsafe { &mut *s };
@@ -271,10 +271,10 @@ fn on_sys_exit(ctx: *mut core::ffi::c_void) -> u32 {
         }
     }
     let key = SyscallKey { tid, nr };
-    if SYSCALL_STATS.get_ptr_mut(&key).is_none() {
-        let _ = SYSCALL_STATS.insert(&key, &SyscallStats::default(), BPF_NOEXIST as u64);
+    if SYSCALL_STATS.get_ptr_mut(key).is_none() {
+        let _ = SYSCALL_STATS.insert(key, SyscallStats::default(), BPF_NOEXIST as u64);
     }
-    if let Some(sc) = SYSCALL_STATS.get_ptr_mut(&key) {
+    if let Some(sc) = SYSCALL_STATS.get_ptr_mut(key) {
         let sc = unsafe { &mut *sc };
         sc.count += 1;
         sc.total_ns += latency;
@@ -296,7 +296,8 @@ macro_rules! hook_pair {
         #[raw_tracepoint(tracepoint = $tp)]
         pub fn $raw(ctx: RawTracePointContext) -> i32 {
             let $c = ctx.as_ptr();
-            $body as i32
+            let ret: u32 = $body;
+            ret as i32
         }
     };
 }

@@ -32,10 +32,13 @@ enum Mode {
         #[arg(long, default_value_t = 1)]
         threads: usize,
     },
-    /// Two threads bouncing a byte over pipes for `seconds`; prints round trips per second.
+    /// Two threads bouncing a byte over pipes for `seconds` (after `warmup` seconds of
+    /// waiting, so a probe can attach first); prints round trips per second.
     Pingpong {
         #[arg(long, default_value_t = 2.0)]
         seconds: f64,
+        #[arg(long, default_value_t = 0.0)]
+        warmup: f64,
     },
     /// Starts a few threads that work and sleep, then exits after `ms`.
     ExitAfter {
@@ -72,7 +75,10 @@ fn announce(v: serde_json::Value) {
 }
 
 fn spawn_named(name: &str, f: impl FnOnce() + Send + 'static) -> std::thread::JoinHandle<()> {
-    std::thread::Builder::new().name(name.into()).spawn(f).expect("spawn")
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .expect("spawn")
 }
 
 fn main() {
@@ -117,7 +123,9 @@ fn main() {
                 spawn_named(&format!("storm{i}"), || {
                     let mut fds = [0; 2];
                     // SAFETY: valid array for two fds.
-                    unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_DGRAM, 0, fds.as_mut_ptr()) };
+                    unsafe {
+                        libc::socketpair(libc::AF_UNIX, libc::SOCK_DGRAM, 0, fds.as_mut_ptr())
+                    };
                     let buf = [7u8; 100];
                     let mut rbuf = [0u8; 100];
                     loop {
@@ -127,8 +135,22 @@ fn main() {
                         }
                         // SAFETY: as above.
                         unsafe {
-                            libc::sendto(fds[0], buf.as_ptr().cast(), buf.len(), 0, std::ptr::null(), 0);
-                            libc::recvfrom(fds[1], rbuf.as_mut_ptr().cast(), rbuf.len(), 0, std::ptr::null_mut(), std::ptr::null_mut());
+                            libc::sendto(
+                                fds[0],
+                                buf.as_ptr().cast(),
+                                buf.len(),
+                                0,
+                                std::ptr::null(),
+                                0,
+                            );
+                            libc::recvfrom(
+                                fds[1],
+                                rbuf.as_mut_ptr().cast(),
+                                rbuf.len(),
+                                0,
+                                std::ptr::null_mut(),
+                                std::ptr::null_mut(),
+                            );
                         }
                     }
                 });
@@ -138,7 +160,10 @@ fn main() {
                 std::thread::sleep(Duration::from_secs(3600));
             }
         }
-        Mode::Pingpong { seconds } => pingpong(Duration::from_secs_f64(seconds)),
+        Mode::Pingpong { seconds, warmup } => pingpong(
+            Duration::from_secs_f64(seconds),
+            Duration::from_secs_f64(warmup),
+        ),
         Mode::ExitAfter { ms } => {
             static STOP: AtomicBool = AtomicBool::new(false);
             for i in 0..3 {
@@ -159,7 +184,7 @@ fn main() {
 
 /// Round trips between two threads over a pair of pipes: every trip is two voluntary
 /// context switches (a context-switch-heavy workload for overhead measurements).
-fn pingpong(d: Duration) {
+fn pingpong(d: Duration, warmup: Duration) {
     let mut a = [0; 2];
     let mut b = [0; 2];
     // SAFETY: valid arrays for the pipe fds.
@@ -180,6 +205,7 @@ fn pingpong(d: Duration) {
         }
     });
     announce(serde_json::json!({ "pid": std::process::id() }));
+    std::thread::sleep(warmup);
     let start = Instant::now();
     let mut byte = [1u8; 1];
     while start.elapsed() < d {

@@ -1,1 +1,101 @@
-fn main() {}
+//! Developer tasks: `cargo xtask setup | run | test | bench`.
+//!
+//! Everything that a fresh machine lacks is installed here, idempotently; caches live
+//! outside the checkout (`$STALLSCOPE_CACHE`, default `~/.cache/stallscope`).
+
+mod bench;
+mod setup;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "stallscope developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what is missing (eBPF toolchain, bpf-linker, tracefs, packages) and build
+    /// target/release/stallscope.
+    Setup,
+    /// Set up if needed, then start the daemon (`stallscope run`) on its embedded default
+    /// configuration. Extra arguments go to `stallscope run`.
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Set up if needed, then run every check and test (fmt, clippy, unit and end-to-end).
+    Test,
+    /// Run the benchmarks and print a Markdown report (see BENCHMARKS.md).
+    Bench,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup::run(),
+        Task::Run { args } => {
+            setup::run()?;
+            let status = Command::new(stallscope_bin())
+                .arg("run")
+                .args(args)
+                .status()?;
+            if !status.success() {
+                bail!("stallscope run exited with {status}");
+            }
+            Ok(())
+        }
+        Task::Test => {
+            setup::run()?;
+            cargo(&["fmt", "--all", "--check"])?;
+            cargo(&[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--release",
+                "--",
+                "-D",
+                "warnings",
+            ])?;
+            cargo(&["test", "--workspace", "--release", "--", "--test-threads=1"])
+        }
+        Task::Bench => {
+            setup::run()?;
+            bench::run()
+        }
+    }
+}
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask is in the workspace")
+        .to_path_buf()
+}
+
+/// The release `stallscope` binary.
+pub fn stallscope_bin() -> PathBuf {
+    root().join("target/release/stallscope")
+}
+
+/// Runs cargo in the workspace root with the stallscope binary exported to tests.
+pub fn cargo(args: &[&str]) -> Result<()> {
+    let status = Command::new(env!("CARGO"))
+        .args(args)
+        .current_dir(root())
+        .env("STALLSCOPE_BIN", stallscope_bin())
+        .status()
+        .with_context(|| format!("running cargo {args:?}"))?;
+    if !status.success() {
+        bail!("cargo {} failed ({status})", args.join(" "));
+    }
+    Ok(())
+}

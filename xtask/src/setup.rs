@@ -1,0 +1,199 @@
+//! `cargo xtask setup`: idempotent installation of everything the build and tests need.
+
+use std::{
+    env, fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+
+/// The date-pinned nightly that builds the eBPF crate.
+const EBPF_NIGHTLY: &str = "nightly-2026-05-20";
+/// `commit-date` that nightly's rustc reports (nightlies are dated the day after).
+const EBPF_NIGHTLY_COMMIT_DATE: &str = "2026-05-19";
+/// The rustup name build.rs uses; linked to the pinned nightly's directory.
+const EBPF_TOOLCHAIN_LINK: &str = "stallscope-ebpf";
+/// bpf-linker built against the nightly's own LLVM 22.
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// Cache directory outside the checkout.
+pub fn cache_dir() -> PathBuf {
+    env::var_os("STALLSCOPE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache/stallscope")
+        })
+}
+
+/// Installs what is missing, then builds the release binary.
+pub fn run() -> Result<()> {
+    let nightly_dir = ebpf_toolchain()?;
+    bpf_linker(&nightly_dir)?;
+    tracefs()?;
+    packages()?;
+    crate::cargo(&[
+        "build",
+        "--release",
+        "--package",
+        "probe-user",
+        "--package",
+        "stallscope-tests",
+    ])?;
+    eprintln!("setup: ready ({})", crate::stallscope_bin().display());
+    Ok(())
+}
+
+fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn rustup() -> Command {
+    let mut c = Command::new("rustup");
+    // Never let the toolchain file of this workspace pick the toolchain for these calls.
+    c.env_remove("RUSTUP_TOOLCHAIN").current_dir("/");
+    c
+}
+
+fn commit_date(toolchain: &str) -> Option<String> {
+    let vv = output(rustup().args(["run", toolchain, "rustc", "-vV"])).ok()?;
+    vv.lines()
+        .find_map(|l| l.strip_prefix("commit-date: ").map(str::to_string))
+}
+
+/// Finds (or installs) the pinned nightly with rust-src and links it as
+/// `stallscope-ebpf`. Returns the toolchain's directory.
+fn ebpf_toolchain() -> Result<PathBuf> {
+    let home = PathBuf::from(output(rustup().args(["show", "home"]))?.trim());
+    let toolchains = home.join("toolchains");
+    let host = "x86_64-unknown-linux-gnu";
+    // A machine image may ship the pinned nightly as plain `nightly`: use it if it is the one.
+    let candidate = if commit_date(EBPF_NIGHTLY).as_deref() == Some(EBPF_NIGHTLY_COMMIT_DATE) {
+        EBPF_NIGHTLY.to_string()
+    } else if commit_date("nightly").as_deref() == Some(EBPF_NIGHTLY_COMMIT_DATE) {
+        "nightly".to_string()
+    } else {
+        eprintln!("setup: installing {EBPF_NIGHTLY}");
+        run_checked(rustup().args([
+            "toolchain",
+            "install",
+            EBPF_NIGHTLY,
+            "--profile",
+            "minimal",
+            "--no-self-update",
+        ]))?;
+        EBPF_NIGHTLY.to_string()
+    };
+    let dir = toolchains.join(format!("{candidate}-{host}"));
+    if !dir.join("lib/rustlib/src/rust/library/core").is_dir() {
+        eprintln!("setup: adding rust-src to {candidate}");
+        run_checked(rustup().args(["component", "add", "rust-src", "--toolchain", &candidate]))?;
+    }
+    let link = toolchains.join(EBPF_TOOLCHAIN_LINK);
+    if fs::read_link(&link).ok().as_deref() != Some(dir.as_path()) {
+        eprintln!("setup: linking {EBPF_TOOLCHAIN_LINK} -> {}", dir.display());
+        let _ = fs::remove_file(&link);
+        run_checked(
+            rustup()
+                .args(["toolchain", "link", EBPF_TOOLCHAIN_LINK])
+                .arg(&dir),
+        )?;
+    }
+    Ok(dir)
+}
+
+/// bpf-linker, built against the nightly's libLLVM, in the cache.
+fn bpf_linker(nightly_dir: &Path) -> Result<()> {
+    let root = cache_dir().join("bpf-linker");
+    let bin = root.join("bin/bpf-linker");
+    // bpf-linker loads the nightly's libLLVM, which rustup puts on the library path when
+    // rustc runs it; do the same for the version check.
+    let version = Command::new(&bin)
+        .arg("--version")
+        .env("LD_LIBRARY_PATH", nightly_dir.join("lib"))
+        .output();
+    if version.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION)) {
+        return Ok(());
+    }
+    let llvm = cache_dir().join("llvm-22");
+    fs::create_dir_all(llvm.join("lib"))?;
+    let lib = fs::read_dir(nightly_dir.join("lib"))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libLLVM.so.22"))
+        })
+        .context("the pinned nightly has no lib/libLLVM.so.22*")?;
+    let so = llvm.join("lib/libLLVM.so");
+    let _ = fs::remove_file(&so);
+    std::os::unix::fs::symlink(&lib, &so)?;
+    eprintln!("setup: building bpf-linker {BPF_LINKER_VERSION} (about 2 minutes)");
+    run_checked(
+        Command::new(env!("CARGO"))
+            .args([
+                "install",
+                "bpf-linker",
+                "--version",
+                BPF_LINKER_VERSION,
+                "--locked",
+            ])
+            .args(["--no-default-features", "--features", "llvm-22", "--root"])
+            .arg(&root)
+            .env("LLVM_PREFIX", &llvm)
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .current_dir("/"),
+    )
+}
+
+/// Mounts tracefs where the kernel plane looks for it.
+fn tracefs() -> Result<()> {
+    let dir = Path::new("/sys/kernel/tracing");
+    if dir.join("events").is_dir() {
+        return Ok(());
+    }
+    eprintln!("setup: mounting tracefs on {}", dir.display());
+    run_checked(
+        Command::new("mount")
+            .args(["-t", "tracefs", "none"])
+            .arg(dir),
+    )
+}
+
+/// Debian packages the tests use.
+fn packages() -> Result<()> {
+    let needed: Vec<&str> = [("setpriv", "util-linux")]
+        .into_iter()
+        .filter(|(bin, _)| {
+            !Command::new("sh")
+                .args(["-c", &format!("command -v {bin}")])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .map(|(_, pkg)| pkg)
+        .collect();
+    if needed.is_empty() {
+        return Ok(());
+    }
+    eprintln!("setup: installing {needed:?}");
+    run_checked(Command::new("apt-get").arg("update").arg("-q"))?;
+    run_checked(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q"])
+            .args(&needed),
+    )
+}
+
+fn run_checked(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed ({status})");
+    }
+    Ok(())
+}
