@@ -229,7 +229,12 @@ fn syscalls_and_network_bytes_are_counted() {
         .sum();
     assert_eq!(hist, getppid, "histogram counts every call");
     let tx = storm_thread["net_tx_bytes"].as_u64().unwrap();
-    assert_eq!(tx, 100 * sendto, "each sendto sends 100 bytes");
+    // Each sendto sends 100 bytes. Thread totals and syscall totals are read one after the
+    // other at the window's edges, so a call or two may fall on either side.
+    assert!(
+        tx.abs_diff(100 * sendto) <= 400,
+        "tx {tx} bytes for {sendto} sendto calls"
+    );
     assert!(storm_thread["net_rx_bytes"].as_u64().unwrap() >= 100 * (sendto - 1));
     assert_eq!(report["lost_events"], 0);
 }

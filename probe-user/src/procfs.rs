@@ -68,9 +68,11 @@ mod tests {
     #[test]
     fn reads_own_process() {
         let me = std::process::id();
+        // SAFETY: no arguments.
+        let tid = unsafe { libc::gettid() } as u32;
         assert!(process_exists(me));
-        assert!(threads(me).contains(&me));
-        assert_eq!(thread_state(me, me), Some('R'));
+        assert!(threads(me).contains(&tid));
+        assert_eq!(thread_state(me, tid), Some('R'), "this thread is running");
         assert!(!process_exists(u32::MAX - 1));
     }
 }
