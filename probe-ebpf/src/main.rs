@@ -56,35 +56,29 @@ fn config() -> Option<&'static Config> {
     CONFIG.get(0)
 }
 
-/// Whether a thread of `tgid` is accounted.
+/// Whether threads of `tgid` are accounted (consulted only when a thread is created;
+/// every other hook finds watched threads by their entry in THREAD_STATS, which userspace
+/// seeds when it starts watching a process).
 #[inline(always)]
 fn watched(cfg: &Config, tgid: u32) -> bool {
     tgid != 0 && tgid != cfg.self_tgid && unsafe { WATCHED.get(tgid) }.is_some()
 }
 
-/// `(tid, tgid)` of a `struct task_struct *`, using offsets userspace read from BTF.
+/// Reads a `u32` field of a `struct task_struct *` at an offset userspace read from BTF.
 #[inline(always)]
-fn task_ids(cfg: &Config, task: u64) -> (u32, u32) {
-    let pid = unsafe { bpf_probe_read_kernel((task + cfg.task_pid_off as u64) as *const u32) };
-    let tgid = unsafe { bpf_probe_read_kernel((task + cfg.task_tgid_off as u64) as *const u32) };
-    (pid.unwrap_or(0), tgid.unwrap_or(0))
+fn task_field(task: u64, offset: u32) -> u32 {
+    unsafe { bpf_probe_read_kernel((task + offset as u64) as *const u32) }.unwrap_or(0)
 }
 
-/// The thread's accumulators, created in `initial` state at `now` when first seen.
+/// The accumulators of a watched, live thread. `tgid`, when known, guards against a
+/// recycled tid whose old entry has not been reaped yet.
 #[inline(always)]
-fn stats(tid: u32, tgid: u32, initial: u32, now: u64) -> Option<&'static mut ThreadStats> {
-    if let Some(s) = THREAD_STATS.get_ptr_mut(tid) {
-        return Some(unsafe { &mut *s });
+fn tracked(tid: u32, tgid: Option<u32>) -> Option<&'static mut ThreadStats> {
+    let s = unsafe { &mut *THREAD_STATS.get_ptr_mut(tid)? };
+    if s.exited != 0 || tgid.is_some_and(|t| t != s.tgid) {
+        return None;
     }
-    let fresh = ThreadStats {
-        tgid,
-        state: initial,
-        mark_ns: now,
-        sys_nr: NO_SYSCALL,
-        ..ThreadStats::default()
-    };
-    THREAD_STATS.insert(tid, fresh, BPF_NOEXIST as u64).ok()?;
-    THREAD_STATS.get_ptr_mut(tid).map(|s| unsafe { &mut *s })
+    Some(s)
 }
 
 /// Appends one deep-dive event without waking the reader unless the ring is filling up.
@@ -119,83 +113,103 @@ fn emit(cfg: &Config, kind: u32, tid: u32, ts_ns: u64, arg0: u64, arg1: u64) {
 #[inline(always)]
 fn on_sched_switch(ctx: *mut core::ffi::c_void) -> u32 {
     let Some(cfg) = config() else { return 0 };
-    let now = unsafe { bpf_ktime_get_ns() };
-    let preempt = arg(ctx, 0) & 0xff != 0;
-    let prev_state = arg(ctx, 3) as u32;
     // At this tracepoint `current` is still `prev`.
     let pid_tgid = bpf_get_current_pid_tgid();
-    let (prev_tid, prev_tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
-    let (next_tid, next_tgid) = task_ids(cfg, arg(ctx, 2));
-    let prev_watched = watched(cfg, prev_tgid);
-    let next_watched = watched(cfg, next_tgid);
+    let prev_tid = pid_tgid as u32;
+    let prev = tracked(prev_tid, Some((pid_tgid >> 32) as u32));
+    let next_tid = task_field(arg(ctx, 2), cfg.task_pid_off);
+    let next = if next_tid == 0 {
+        None
+    } else {
+        tracked(next_tid, None)
+    };
+    let preempt = arg(ctx, 0) & 0xff != 0;
+    let prev_state = arg(ctx, 3) as u32;
+    // The clock is read only when a watched thread is involved. (Each side is handled in
+    // its own branch: testing both pointers at once makes LLVM OR them, which the
+    // verifier rejects.)
+    let mut now = 0;
+    let mut involved = false;
 
-    if prev_watched {
-        let runnable = preempt || prev_state == 0;
-        let after = if runnable {
-            state::RUNNABLE
+    if let Some(s) = prev {
+        now = unsafe { bpf_ktime_get_ns() };
+        involved = true;
+        if s.state == state::RUNNING || s.state == state::UNKNOWN_RUNNABLE {
+            s.on_cpu_ns += now.saturating_sub(s.mark_ns);
+        }
+        if preempt || prev_state == 0 {
+            s.nivcsw += 1;
+            s.state = state::RUNNABLE;
         } else {
-            state::BLOCKED
-        };
-        if let Some(s) = stats(prev_tid, prev_tgid, after, now) {
-            if s.state == state::RUNNING || s.state == state::UNKNOWN_RUNNABLE {
-                s.on_cpu_ns += now.saturating_sub(s.mark_ns);
-            }
-            if runnable {
-                s.nivcsw += 1;
-            } else {
-                s.nvcsw += 1;
-            }
-            s.state = after;
-            s.mark_ns = now;
+            s.nvcsw += 1;
+            s.state = state::BLOCKED;
         }
+        s.mark_ns = now;
     }
-    if next_watched {
-        if let Some(s) = stats(next_tid, next_tgid, state::RUNNING, now) {
-            let waited = now.saturating_sub(s.mark_ns);
-            match s.state {
-                state::RUNNABLE | state::UNKNOWN_RUNNABLE => s.runq_wait_ns += waited,
-                // The wakeup was not seen (the thread was blocked since we first saw it).
-                state::BLOCKED => s.blocked_ns += waited,
-                _ => {}
-            }
-            s.state = state::RUNNING;
-            s.mark_ns = now;
+    if let Some(s) = next {
+        if !involved {
+            now = unsafe { bpf_ktime_get_ns() };
+            involved = true;
         }
+        let waited = now.saturating_sub(s.mark_ns);
+        match s.state {
+            state::RUNNABLE | state::UNKNOWN_RUNNABLE => s.runq_wait_ns += waited,
+            // The wakeup was not seen (the thread was blocked since we first saw it).
+            state::BLOCKED => s.blocked_ns += waited,
+            _ => {}
+        }
+        s.state = state::RUNNING;
+        s.mark_ns = now;
     }
-    if cfg.deep_dive != 0 && (prev_watched || next_watched) {
+    if cfg.deep_dive != 0 && involved {
         let flags = prev_state as u64 | (preempt as u64) << 32;
         emit(cfg, event::SWITCH, prev_tid, now, next_tid as u64, flags);
     }
     0
 }
 
-/// sched_wakeup(task_struct *p) and sched_wakeup_new(task_struct *p).
+/// sched_wakeup(task_struct *p)
 #[inline(always)]
-fn on_wakeup(ctx: *mut core::ffi::c_void, new_task: bool) -> u32 {
+fn on_wakeup(ctx: *mut core::ffi::c_void) -> u32 {
     let Some(cfg) = config() else { return 0 };
-    let (tid, tgid) = task_ids(cfg, arg(ctx, 0));
+    let tid = task_field(arg(ctx, 0), cfg.task_pid_off);
+    let Some(s) = tracked(tid, None) else {
+        return 0;
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    if s.state == state::BLOCKED {
+        s.blocked_ns += now.saturating_sub(s.mark_ns);
+        s.state = state::RUNNABLE;
+        s.mark_ns = now;
+    }
+    if cfg.deep_dive != 0 {
+        emit(cfg, event::WAKEUP, tid, now, s.tgid as u64, 0);
+    }
+    0
+}
+
+/// sched_wakeup_new(task_struct *p): a new thread; tracked if its process is watched.
+#[inline(always)]
+fn on_wakeup_new(ctx: *mut core::ffi::c_void) -> u32 {
+    let Some(cfg) = config() else { return 0 };
+    let task = arg(ctx, 0);
+    let tgid = task_field(task, cfg.task_tgid_off);
     if !watched(cfg, tgid) {
         return 0;
     }
+    let tid = task_field(task, cfg.task_pid_off);
     let now = unsafe { bpf_ktime_get_ns() };
-    if new_task {
-        let fresh = ThreadStats {
-            tgid,
-            state: state::RUNNABLE,
-            mark_ns: now,
-            sys_nr: NO_SYSCALL,
-            ..ThreadStats::default()
-        };
-        let _ = THREAD_STATS.insert(tid, fresh, BPF_ANY as u64);
-    } else if let Some(s) = stats(tid, tgid, state::RUNNABLE, now) {
-        if s.state == state::BLOCKED {
-            s.blocked_ns += now.saturating_sub(s.mark_ns);
-            s.state = state::RUNNABLE;
-            s.mark_ns = now;
-        }
-    }
+    let fresh = ThreadStats {
+        tgid,
+        state: state::RUNNABLE,
+        mark_ns: now,
+        sys_nr: NO_SYSCALL,
+        ..ThreadStats::default()
+    };
+    // A new thread: replace whatever a previous owner of this tid left behind.
+    let _ = THREAD_STATS.insert(tid, fresh, BPF_ANY as u64);
     if cfg.deep_dive != 0 {
-        emit(cfg, event::WAKEUP, tid, now, tgid as u64, new_task as u64);
+        emit(cfg, event::WAKEUP, tid, now, tgid as u64, 1);
     }
     0
 }
@@ -205,16 +219,14 @@ fn on_wakeup(ctx: *mut core::ffi::c_void, new_task: bool) -> u32 {
 fn on_exit() -> u32 {
     let Some(cfg) = config() else { return 0 };
     let pid_tgid = bpf_get_current_pid_tgid();
-    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
-    if !watched(cfg, tgid) {
+    let tid = pid_tgid as u32;
+    let Some(s) = tracked(tid, Some((pid_tgid >> 32) as u32)) else {
         return 0;
-    }
+    };
     let now = unsafe { bpf_ktime_get_ns() };
-    if let Some(s) = stats(tid, tgid, state::RUNNING, now) {
-        s.exited = 1;
-        s.exit_ns = now;
-        s.exit_comm = bpf_get_current_comm().unwrap_or_default();
-    }
+    s.exited = 1;
+    s.exit_ns = now;
+    s.exit_comm = bpf_get_current_comm().unwrap_or_default();
     if cfg.deep_dive != 0 {
         emit(cfg, event::EXIT, tid, now, 0, 0);
     }
@@ -226,16 +238,14 @@ fn on_exit() -> u32 {
 fn on_sys_enter(ctx: *mut core::ffi::c_void) -> u32 {
     let Some(cfg) = config() else { return 0 };
     let pid_tgid = bpf_get_current_pid_tgid();
-    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
-    if !watched(cfg, tgid) {
+    let tid = pid_tgid as u32;
+    let Some(s) = tracked(tid, Some((pid_tgid >> 32) as u32)) else {
         return 0;
-    }
+    };
     let now = unsafe { bpf_ktime_get_ns() };
     let nr = arg(ctx, 1) as u32;
-    if let Some(s) = stats(tid, tgid, state::RUNNING, now) {
-        s.sys_nr = nr;
-        s.sys_enter_ns = now;
-    }
+    s.sys_nr = nr;
+    s.sys_enter_ns = now;
     if cfg.deep_dive != 0 {
         emit(cfg, event::SYS_ENTER, tid, now, nr as u64, 0);
     }
@@ -247,20 +257,16 @@ fn on_sys_enter(ctx: *mut core::ffi::c_void) -> u32 {
 fn on_sys_exit(ctx: *mut core::ffi::c_void) -> u32 {
     let Some(cfg) = config() else { return 0 };
     let pid_tgid = bpf_get_current_pid_tgid();
-    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
-    if !watched(cfg, tgid) {
-        return 0;
-    }
-    let now = unsafe { bpf_ktime_get_ns() };
-    let ret = arg(ctx, 1) as i64;
-    let Some(s) = THREAD_STATS.get_ptr_mut(tid) else {
+    let tid = pid_tgid as u32;
+    let Some(s) = tracked(tid, Some((pid_tgid >> 32) as u32)) else {
         return 0;
     };
-    let s = unsafe { &mut *s };
     let nr = s.sys_nr;
     if nr == NO_SYSCALL {
         return 0;
     }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let ret = arg(ctx, 1) as i64;
     s.sys_nr = NO_SYSCALL;
     let latency = now.saturating_sub(s.sys_enter_ns);
     if ret > 0 {
@@ -306,13 +312,13 @@ hook_pair!(btf_sched_switch, raw_sched_switch, "sched_switch", |c| {
     on_sched_switch(c)
 });
 hook_pair!(btf_sched_wakeup, raw_sched_wakeup, "sched_wakeup", |c| {
-    on_wakeup(c, false)
+    on_wakeup(c)
 });
 hook_pair!(
     btf_sched_wakeup_new,
     raw_sched_wakeup_new,
     "sched_wakeup_new",
-    |c| on_wakeup(c, true)
+    |c| on_wakeup_new(c)
 );
 hook_pair!(
     btf_sched_process_exit,
