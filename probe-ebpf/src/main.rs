@@ -81,6 +81,14 @@ fn tracked(tid: u32, tgid: Option<u32>) -> Option<&'static mut ThreadStats> {
     Some(s)
 }
 
+/// The current thread's id, and its accumulators if it is watched.
+#[inline(always)]
+fn current_thread() -> (u32, Option<&'static mut ThreadStats>) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    (tid, tracked(tid, Some((pid_tgid >> 32) as u32)))
+}
+
 /// Appends one deep-dive event without waking the reader unless the ring is filling up.
 #[inline(always)]
 fn emit(cfg: &Config, kind: u32, tid: u32, ts_ns: u64, arg0: u64, arg1: u64) {
@@ -114,9 +122,7 @@ fn emit(cfg: &Config, kind: u32, tid: u32, ts_ns: u64, arg0: u64, arg1: u64) {
 fn on_sched_switch(ctx: *mut core::ffi::c_void) -> u32 {
     let Some(cfg) = config() else { return 0 };
     // At this tracepoint `current` is still `prev`.
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let prev_tid = pid_tgid as u32;
-    let prev = tracked(prev_tid, Some((pid_tgid >> 32) as u32));
+    let (prev_tid, prev) = current_thread();
     let next_tid = task_field(arg(ctx, 2), cfg.task_pid_off);
     let next = if next_tid == 0 {
         None
@@ -218,9 +224,7 @@ fn on_wakeup_new(ctx: *mut core::ffi::c_void) -> u32 {
 #[inline(always)]
 fn on_exit() -> u32 {
     let Some(cfg) = config() else { return 0 };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
-    let Some(s) = tracked(tid, Some((pid_tgid >> 32) as u32)) else {
+    let (tid, Some(s)) = current_thread() else {
         return 0;
     };
     let now = unsafe { bpf_ktime_get_ns() };
@@ -237,9 +241,7 @@ fn on_exit() -> u32 {
 #[inline(always)]
 fn on_sys_enter(ctx: *mut core::ffi::c_void) -> u32 {
     let Some(cfg) = config() else { return 0 };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
-    let Some(s) = tracked(tid, Some((pid_tgid >> 32) as u32)) else {
+    let (tid, Some(s)) = current_thread() else {
         return 0;
     };
     let now = unsafe { bpf_ktime_get_ns() };
@@ -256,9 +258,7 @@ fn on_sys_enter(ctx: *mut core::ffi::c_void) -> u32 {
 #[inline(always)]
 fn on_sys_exit(ctx: *mut core::ffi::c_void) -> u32 {
     let Some(cfg) = config() else { return 0 };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
-    let Some(s) = tracked(tid, Some((pid_tgid >> 32) as u32)) else {
+    let (tid, Some(s)) = current_thread() else {
         return 0;
     };
     let nr = s.sys_nr;

@@ -162,7 +162,8 @@ impl KernelPlane {
                 sys_nr: u32::MAX,
                 ..ThreadStats::default()
             };
-            // The kernel may already have created the entry from an event: keep its.
+            // A thread created since WATCHED was filled already has its entry (from
+            // sched_wakeup_new): keep it.
             let _ = self.threads.insert(tid, seeded, BPF_NOEXIST);
         }
         Ok(())
