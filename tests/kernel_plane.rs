@@ -92,6 +92,13 @@ fn run_json(args: &[&str]) -> (Output, Value) {
     (out, v)
 }
 
+/// Runs `cmd`, asserts that it fails, and returns its stderr.
+fn expect_failure(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success(), "{cmd:?} should have failed");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 fn thread(report: &Value, tid: u32) -> &Value {
     report["threads"]
         .as_array()
@@ -272,12 +279,7 @@ fn deep_dive_streams_events() {
 
 #[test]
 fn no_such_pid_is_a_clear_error() {
-    let out = stallscope()
-        .args(["probe", "--pid", "4000000", "--duration", "1s"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = expect_failure(stallscope().args(["probe", "--pid", "4000000", "--duration", "1s"]));
     assert!(err.contains("no such process: pid 4000000"), "{err}");
 }
 
@@ -323,20 +325,18 @@ fn no_privileges_is_a_clear_error() {
     require_root();
     let w = Workload::start(&["hog", "--cpu", "0"]);
     let bin = stallscope().get_program().to_owned();
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-        ])
-        .arg(bin)
-        .args(["probe", "--pid", &w.pid().to_string(), "--duration", "1s"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = expect_failure(
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+            ])
+            .arg(bin)
+            .args(["probe", "--pid", &w.pid().to_string(), "--duration", "1s"]),
+    );
     assert!(
         err.contains("missing privileges") && err.contains("CAP_BPF"),
         "{err}"
@@ -351,25 +351,24 @@ fn missing_btf_or_tracefs_is_a_clear_error() {
     let empty = std::env::temp_dir().join("stallscope-empty-tracefs");
     std::fs::create_dir_all(&empty).unwrap();
 
-    let out = stallscope()
-        .args(["--btf", "/nonexistent/vmlinux", "probe", "--pid", &pid])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = expect_failure(stallscope().args([
+        "--btf",
+        "/nonexistent/vmlinux",
+        "probe",
+        "--pid",
+        &pid,
+    ]));
     assert!(
         err.contains("missing kernel BTF: /nonexistent/vmlinux"),
         "{err}"
     );
 
-    let out = stallscope()
-        .arg("--tracefs")
-        .arg(&empty)
-        .args(["probe", "--pid", &pid])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = expect_failure(
+        stallscope()
+            .arg("--tracefs")
+            .arg(&empty)
+            .args(["probe", "--pid", &pid]),
+    );
     assert!(
         err.contains("tracefs is not mounted at") && err.contains("mount -t tracefs"),
         "{err}"
