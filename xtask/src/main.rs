@@ -43,14 +43,7 @@ fn main() -> Result<()> {
         Task::Setup => setup::run(),
         Task::Run { args } => {
             setup::run()?;
-            let status = Command::new(stallscope_bin())
-                .arg("run")
-                .args(args)
-                .status()?;
-            if !status.success() {
-                bail!("stallscope run exited with {status}");
-            }
-            Ok(())
+            run_checked(Command::new(stallscope_bin()).arg("run").args(args))
         }
         Task::Test => {
             setup::run()?;
@@ -89,14 +82,19 @@ pub fn stallscope_bin() -> PathBuf {
 
 /// Runs cargo in the workspace root with the stallscope binary exported to tests.
 pub fn cargo(args: &[&str]) -> Result<()> {
-    let status = Command::new(env!("CARGO"))
-        .args(args)
-        .current_dir(root())
-        .env("STALLSCOPE_BIN", stallscope_bin())
-        .status()
-        .with_context(|| format!("running cargo {args:?}"))?;
+    run_checked(
+        Command::new(env!("CARGO"))
+            .args(args)
+            .current_dir(root())
+            .env("STALLSCOPE_BIN", stallscope_bin()),
+    )
+}
+
+/// Runs a command to completion; an error if it cannot start or exits non-zero.
+pub fn run_checked(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
     if !status.success() {
-        bail!("cargo {} failed ({status})", args.join(" "));
+        bail!("{cmd:?} failed ({status})");
     }
     Ok(())
 }

@@ -8,6 +8,8 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
+use crate::run_checked;
+
 /// The date-pinned nightly that builds the eBPF crate.
 const EBPF_NIGHTLY: &str = "nightly-2026-05-20";
 /// `commit-date` that nightly's rustc reports (nightlies are dated the day after).
@@ -188,12 +190,4 @@ fn packages() -> Result<()> {
             .args(["install", "-y", "-q"])
             .args(&needed),
     )
-}
-
-fn run_checked(cmd: &mut Command) -> Result<()> {
-    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed ({status})");
-    }
-    Ok(())
 }
