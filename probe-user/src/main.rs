@@ -12,6 +12,7 @@ mod features;
 mod kernel_plane;
 mod probe_cmd;
 mod procfs;
+mod python_plane;
 mod syscall_names;
 
 use std::{path::PathBuf, process::ExitCode};

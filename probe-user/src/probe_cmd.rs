@@ -13,6 +13,7 @@ use crate::{
     features::{Features, KernelPaths},
     kernel_plane::{KernelPlane, ProgramStats, WARMUP},
     procfs,
+    python_plane::{self, Capture, PythonReport, PythonRequest},
 };
 
 /// Options of `stallscope probe`.
@@ -34,6 +35,15 @@ pub struct ProbeArgs {
     /// Report the kernel's run count and run time of each probe program (BPF_ENABLE_STATS).
     #[arg(long)]
     pub prog_stats: bool,
+    /// Framework profile for the Python plane: `auto` detects vLLM or SGLang from the target's
+    /// modules; `vllm`, `sglang` force one; `generic` watches only `--watch` functions.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "vllm", "sglang", "generic"])]
+    pub framework: String,
+    /// Time this Python function and read workload from its arguments (repeatable):
+    /// `MODULE:QUALNAME[name=EXPR;...]`, EXPR = attribute path from a parameter, optionally in
+    /// len(...) or sum(...), e.g. `__main__:Sched.run_batch[bs=len(batch.reqs)]`.
+    #[arg(long = "watch", value_name = "SPEC")]
+    pub watch: Vec<pyframe_tracer::WatchSpec>,
 }
 
 /// The JSON document `probe --json` prints.
@@ -58,6 +68,9 @@ pub struct ProbeReport {
     /// Per-program run statistics (with `--prog-stats`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub programs: Option<Vec<ProgramStats>>,
+    /// Python plane: calls of watched functions, lost records, probes.
+    #[serde(skip_serializing_if = "Option::is_none", flatten)]
+    pub python: Option<PythonReport>,
 }
 
 /// What the deep-dive stream delivered.
@@ -94,6 +107,18 @@ pub async fn run(args: &ProbeArgs, paths: &KernelPaths) -> Result<()> {
 
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
+    let request = PythonRequest {
+        framework: args.framework.clone(),
+        watch: args.watch.clone(),
+    };
+    let mut notes = Vec::new();
+    let mut capture = match Capture::start(pid as i32, &request)? {
+        Ok(c) => Some(c),
+        Err(why) => {
+            notes.push(format!("python plane off: {why}"));
+            None
+        }
+    };
     tokio::time::sleep(WARMUP).await;
 
     let mut names: HashMap<u32, String> = HashMap::new();
@@ -119,6 +144,9 @@ pub async fn run(args: &ProbeArgs, paths: &KernelPaths) -> Result<()> {
             _ = sigterm.recv() => { interrupted = true; break; }
         }
         remember_names(&mut names);
+        if let Some(c) = capture.as_mut() {
+            c.poll();
+        }
         target_exited = !procfs::process_exists(pid);
     }
     let end = plane.snapshot();
@@ -139,7 +167,8 @@ pub async fn run(args: &ProbeArgs, paths: &KernelPaths) -> Result<()> {
             .unwrap_or_else(|| accounting::comm_from_bytes(&s.exit_comm))
     });
     let window_ns = end.taken_ns - start.taken_ns;
-    let note = if target_exited {
+    let python = capture.map(|c| c.finish(target_exited)).transpose()?;
+    let exit_note = if target_exited {
         Some(format!(
             "process {pid} exited after {:.3} s of the {:.3} s window; the result covers that part",
             window_ns as f64 / 1e9,
@@ -153,6 +182,8 @@ pub async fn run(args: &ProbeArgs, paths: &KernelPaths) -> Result<()> {
     } else {
         None
     };
+    notes.extend(exit_note);
+    let note = (!notes.is_empty()).then(|| notes.join("; "));
     if let Some(n) = &note {
         eprintln!("probe: note: {n}");
     }
@@ -165,6 +196,7 @@ pub async fn run(args: &ProbeArgs, paths: &KernelPaths) -> Result<()> {
         note,
         deep_dive,
         programs: args.prog_stats.then(|| plane.program_stats()),
+        python,
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -239,6 +271,9 @@ pub fn render_table(r: &ProbeReport) -> String {
                 p.tracepoint, p.run_count, per
             );
         }
+    }
+    if let Some(p) = &r.python {
+        out.push_str(&python_plane::render_summary(p));
     }
     if let Some(n) = &r.note {
         let _ = writeln!(out, "note: {n}");

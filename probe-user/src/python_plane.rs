@@ -1,0 +1,146 @@
+//! The Python plane as `stallscope probe` uses it: attach the probe, collect calls while the window is open,
+//! detach, summarise.
+
+use std::fmt::Write as _;
+
+use anyhow::Result;
+use pyframe_tracer::{
+    ring::Record, AttachOptions, Call, Error as PyError, Framework, Session, WatchSpec,
+};
+use serde::Serialize;
+
+/// What the user asked of the Python plane.
+#[derive(Debug, Clone)]
+pub struct PythonRequest {
+    /// `auto`, or a profile name.
+    pub framework: String,
+    /// `--watch` specs.
+    pub watch: Vec<WatchSpec>,
+}
+
+/// A running capture.
+pub struct Capture {
+    session: Session,
+    records: Vec<Record>,
+}
+
+/// What the capture produced.
+#[derive(Debug, Serialize)]
+pub struct PythonReport {
+    /// Every call captured while attached, in end order per thread.
+    pub calls: Vec<Call>,
+    /// Records the probe could not write (ring full).
+    pub lost_records: u64,
+    /// The applied framework profile.
+    pub framework: Option<String>,
+    /// Target's CPython version.
+    pub python: String,
+    /// Watched functions and how each was instrumented.
+    pub probes: Vec<pyframe_tracer::session::ProbeInfo>,
+    /// Longest time a target thread was stopped while attaching or detaching (µs).
+    pub max_pause_us: u64,
+    /// Optional profile functions that could not be watched.
+    pub warnings: Vec<String>,
+}
+
+impl Capture {
+    /// Attaches. Returns `Ok(None)` with a reason when the user did not ask for the Python plane explicitly and
+    /// the target has nothing for it (not Python, no profile matched).
+    pub fn start(pid: i32, req: &PythonRequest) -> Result<std::result::Result<Capture, String>> {
+        let explicit = !req.watch.is_empty() || req.framework != "auto";
+        let framework = match req.framework.as_str() {
+            "auto" => Framework::Auto,
+            name => Framework::Named(name.to_string()),
+        };
+        let options = AttachOptions {
+            specs: req.watch.clone(),
+            framework,
+            ..AttachOptions::default()
+        };
+        match Session::attach(pid, options) {
+            Ok(session) => Ok(Ok(Capture {
+                session,
+                records: Vec::new(),
+            })),
+            Err(e @ (PyError::NotPython { .. } | PyError::Probe(_))) if !explicit => {
+                Ok(Err(e.to_string()))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Moves new records out of the ring (call often enough that lanes do not fill).
+    pub fn poll(&mut self) {
+        self.session.drain(&mut self.records);
+    }
+
+    /// Drains, detaches and builds the report. `target_gone` skips the detach request.
+    pub fn finish(mut self, target_gone: bool) -> Result<PythonReport> {
+        self.poll();
+        let lost_records = self.session.lost_records();
+        let calls = self.records.iter().map(|r| self.session.call(r)).collect();
+        let report = PythonReport {
+            calls,
+            lost_records,
+            framework: self.session.framework.clone(),
+            python: self.session.runtime().version_string(),
+            probes: self.session.probes.clone(),
+            max_pause_us: 0,
+            warnings: self.session.warnings.clone(),
+        };
+        let pause = self.session.pause;
+        if !target_gone {
+            self.session.detach()?;
+        }
+        Ok(PythonReport {
+            max_pause_us: pause.as_micros() as u64,
+            ..report
+        })
+    }
+}
+
+/// Per-function summary: count, p50/p99/max duration.
+pub fn render_summary(r: &PythonReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "python {}  framework {}  lost records {}",
+        r.python,
+        r.framework.as_deref().unwrap_or("-"),
+        r.lost_records
+    );
+    let _ = writeln!(
+        out,
+        "{:<60} {:>8} {:>10} {:>10} {:>10}",
+        "FUNCTION", "CALLS", "P50", "P99", "MAX"
+    );
+    for p in &r.probes {
+        let func = p.spec.split('[').next().unwrap_or(&p.spec);
+        let mut d: Vec<u64> = r
+            .calls
+            .iter()
+            .filter(|c| c.func == func)
+            .map(|c| c.end_ns.saturating_sub(c.start_ns))
+            .collect();
+        d.sort_unstable();
+        let q = |f: f64| {
+            d.get(((d.len() as f64 - 1.0) * f).round() as usize)
+                .copied()
+        };
+        let fmt =
+            |v: Option<u64>| v.map_or("-".to_string(), |ns| format!("{:.3}ms", ns as f64 / 1e6));
+        let _ = writeln!(
+            out,
+            "{:<60} {:>8} {:>10} {:>10} {:>10}",
+            func,
+            d.len(),
+            fmt(q(0.5)),
+            fmt(q(0.99)),
+            fmt(d.last().copied())
+        );
+    }
+    for w in &r.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    out
+}

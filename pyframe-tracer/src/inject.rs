@@ -1,0 +1,191 @@
+//! Running Python source inside a live interpreter at a safe point.
+//!
+//! CPython 3.10–3.13: a borrowed thread maps one anonymous region, the source (one line) is written into it,
+//! and `Py_AddPendingCall(PyRun_SimpleString, region)` queues it; the main thread runs it at its next eval-loop
+//! safe point, holding the GIL. The probe unmaps the region itself once it runs.
+//! CPython 3.14+: PEP 768 — the line goes into a script file the target can read, and the main thread state's
+//! remote-debugger fields ask the interpreter to run it; no ptrace at all.
+//! Either way a request that is not picked up in time is cancelled (the region's first byte becomes `#`, which
+//! turns the line into a comment; PEP 768's pending flag is cleared), so the target never runs a stale request.
+
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::memory::{ProcessMemory, RemoteMemory};
+use crate::pep768;
+use crate::python::PythonRuntime;
+use crate::remote_call::{self, Options};
+use crate::symbols;
+
+const PAGE: u64 = 4096;
+
+/// A queued request, to wait for or cancel.
+#[derive(Debug)]
+pub enum Queued {
+    /// A pending call reading this region.
+    PendingCall {
+        /// Address of the region in the target.
+        region: u64,
+    },
+    /// A PEP 768 request on this thread state.
+    Pep768 {
+        /// Thread state address.
+        tstate: u64,
+        /// Script file, as this process sees it.
+        script: std::path::PathBuf,
+    },
+}
+
+/// What queuing cost the target.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QueueCost {
+    /// How long one of its threads was stopped (zero for PEP 768).
+    pub pause: Duration,
+}
+
+/// Queues Python source for the target's main thread. `build(region, region_size)` returns the single-line source
+/// given where it will live, so the source can tell the probe which region to unmap; `script` is the path, as the
+/// target sees it, where 3.14+ reads the source from.
+pub fn queue(
+    pid: i32,
+    rt: &PythonRuntime,
+    options: Options,
+    script: &str,
+    build: impl Fn(u64, u64) -> String,
+) -> Result<(Queued, QueueCost)> {
+    check_running(pid)?;
+    if rt.uses_pep768() {
+        let line = build(0, 0);
+        let host = std::path::PathBuf::from(format!("/proc/{pid}/root{script}"));
+        std::fs::write(&host, line.as_bytes())
+            .map_err(|e| Error::io(format!("writing {}", host.display()), e))?;
+        let runtime = rt
+            .py_runtime
+            .expect("python::find checks _PyRuntime on 3.14+");
+        let tstate =
+            pep768::request_script(&ProcessMemory::new(pid), runtime, script).map_err(|e| {
+                let _ = std::fs::remove_file(&host);
+                Error::Probe(e.to_string())
+            })?;
+        return Ok((
+            Queued::Pep768 {
+                tstate,
+                script: host,
+            },
+            QueueCost::default(),
+        ));
+    }
+    let libc = libc_symbol(pid, "mmap")?;
+    let size = (build(u64::MAX, u64::MAX).len() as u64 + 1).div_ceil(PAGE) * PAGE;
+    let mut thread = remote_call::borrow_thread(pid, options)?;
+    let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+    let region = thread.call(libc, &[0, size, prot, flags, u64::MAX, 0])?;
+    if region as i64 <= 0 && (region as i64) > -4096 {
+        drop(thread);
+        return Err(Error::RemoteCallFailed {
+            pid,
+            what: format!("mmap in the target failed ({})", -(region as i64)),
+        });
+    }
+    let mut text = build(region, size).into_bytes();
+    text.push(0);
+    let write = ProcessMemory::new(pid)
+        .write(region, &text)
+        .map_err(|e| Error::io("writing the request into the target", e));
+    let queued = write.and_then(|()| {
+        thread.call(
+            rt.add_pending_call,
+            &[rt.run_simple_string.unwrap_or_default(), region],
+        )
+    });
+    let pause = thread.release()?;
+    if queued? as i32 != 0 {
+        return Err(Error::Probe(format!(
+            "Py_AddPendingCall refused the request in process {pid} (its queue is full); retry"
+        )));
+    }
+    Ok((Queued::PendingCall { region }, QueueCost { pause }))
+}
+
+/// Waits until `done()` reports the request ran; cancels it on timeout.
+pub fn wait<T>(
+    pid: i32,
+    queued: &Queued,
+    timeout: Duration,
+    mut done: impl FnMut() -> Option<T>,
+) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = done() {
+            return Ok(v);
+        }
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(Error::TargetExited(pid));
+        }
+        if Instant::now() >= deadline {
+            cancel(pid, queued);
+            // It may have run while we cancelled.
+            return done().ok_or(Error::NotAtSafePoint {
+                pid,
+                ms: timeout.as_millis() as u64,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn cancel(pid: i32, queued: &Queued) {
+    let mem = ProcessMemory::new(pid);
+    match queued {
+        Queued::PendingCall { region } => {
+            let _ = mem.write(*region, b"#");
+        }
+        Queued::Pep768 { tstate, script } => {
+            let _ = std::fs::remove_file(script);
+            if let Ok(rt) = crate::python::find(pid) {
+                let _ = pep768::cancel(&mem, rt.py_runtime.unwrap_or_default(), *tstate);
+            }
+        }
+    }
+}
+
+/// A stopped target cannot reach a safe point; say so instead of timing out.
+fn check_running(pid: i32) -> Result<()> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|_| Error::NoSuchProcess(pid))?;
+    let state = stat
+        .rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or("");
+    match state {
+        "T" | "t" => Err(Error::TargetStopped(pid)),
+        "Z" | "X" => Err(Error::TargetExited(pid)),
+        _ => Ok(()),
+    }
+}
+
+/// Address of a libc function in the target (libc.so, else the executable for static builds).
+fn libc_symbol(pid: i32, name: &str) -> Result<u64> {
+    let mappings = crate::maps::read(pid)
+        .map_err(|e| crate::python::gone_or(pid, e, "reading its memory map"))?;
+    let is_libc = |m: &crate::maps::Mapping| {
+        let f = m.file_name();
+        f.starts_with("libc.so") || f.starts_with("libc-") || f.starts_with("ld-musl")
+    };
+    for filter in [
+        Box::new(is_libc) as Box<dyn Fn(&crate::maps::Mapping) -> bool>,
+        Box::new(|m: &crate::maps::Mapping| m.file_name().contains("python")),
+    ] {
+        if let Ok(Some(module)) = symbols::load_module(pid, &mappings, filter) {
+            if let Some(addr) = module.symbol(name) {
+                return Ok(addr);
+            }
+        }
+    }
+    Err(Error::MissingSymbol {
+        pid,
+        symbol: name.into(),
+    })
+}

@@ -1,0 +1,27 @@
+//! The Python plane of stallscope: attach to a live CPython (3.10–3.13 by ptrace and a pending call, 3.14+ by
+//! PEP 768) without restarting it, time watched functions exactly and read their workload from arguments.
+//!
+//! - [`remote_call`]: the ptrace remote-call primitive (also used by the GPU plane to load its agent).
+//! - [`python`], [`inject`], [`pep768`]: find the runtime and run Python source at a safe point.
+//! - `probe.py` (embedded): the code that runs inside the target.
+//! - [`ring`]: the shared-memory ring the probe writes records into.
+//! - [`watch_spec`], [`profiles`]: what to watch.
+//! - [`session`]: one attachment, end to end.
+
+pub mod clock;
+pub mod error;
+pub mod inject;
+pub mod maps;
+pub mod memory;
+pub mod pep768;
+pub mod profiles;
+pub mod python;
+pub mod remote_call;
+pub mod ring;
+pub mod session;
+pub mod symbols;
+pub mod watch_spec;
+
+pub use error::{Error, Result};
+pub use session::{AttachOptions, Call, Framework, Session};
+pub use watch_spec::WatchSpec;

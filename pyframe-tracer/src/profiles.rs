@@ -1,0 +1,122 @@
+//! Framework profiles: which functions of an engine to watch and what workload to read, as data (embedded TOML
+//! files under `pyframe-tracer/profiles/`), never as code.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::watch_spec::WatchSpec;
+
+/// What a watched function means for the engine's loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// One call per engine iteration.
+    Anchor,
+    /// Called inside an iteration; carries workload or splits its time.
+    Phase,
+    /// Watched only during deep dives.
+    DeepDive,
+}
+
+/// One watch of a profile.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileWatch {
+    /// `MODULE:QUALNAME[name=EXPR;...]`.
+    pub spec: String,
+    /// Its role.
+    pub role: Role,
+}
+
+/// A framework profile.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Short name (`vllm`, `sglang`, `generic`).
+    pub name: String,
+    /// One line for humans.
+    pub description: String,
+    /// Any of these in the target's `sys.modules` identifies the framework.
+    pub detect_modules: Vec<String>,
+    /// Substrings of an engine process's comm or cmdline (for discovering engines on the host).
+    pub detect_process: Vec<String>,
+    /// Functions to watch.
+    pub watch: Vec<ProfileWatch>,
+}
+
+impl Profile {
+    /// The parsed specs with the given roles.
+    pub fn specs(&self, roles: &[Role]) -> Result<Vec<(WatchSpec, Role)>> {
+        self.watch
+            .iter()
+            .filter(|w| roles.contains(&w.role))
+            .map(|w| {
+                Ok((
+                    w.spec
+                        .parse::<WatchSpec>()
+                        .map_err(|e| Error::Profile(format!("{}: {e}", self.name)))?,
+                    w.role,
+                ))
+            })
+            .collect()
+    }
+}
+
+const BUILTIN: &[(&str, &str)] = &[
+    ("vllm", include_str!("../profiles/vllm.toml")),
+    ("sglang", include_str!("../profiles/sglang.toml")),
+    ("generic", include_str!("../profiles/generic.toml")),
+];
+
+/// Every built-in profile.
+pub fn builtin() -> Vec<Profile> {
+    BUILTIN
+        .iter()
+        .map(|(name, text)| {
+            toml::from_str(text).unwrap_or_else(|e| panic!("built-in profile {name}: {e}"))
+        })
+        .collect()
+}
+
+/// The built-in profile called `name`.
+pub fn by_name(name: &str) -> Result<Profile> {
+    builtin()
+        .into_iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| {
+            let names: Vec<_> = BUILTIN.iter().map(|(n, _)| *n).collect();
+            Error::Profile(format!(
+                "no profile named {name:?}; built-in profiles: {}",
+                names.join(", ")
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_profiles_parse_and_engines_have_one_anchor() {
+        for p in builtin() {
+            let specs = p
+                .specs(&[Role::Anchor, Role::Phase, Role::DeepDive])
+                .unwrap();
+            let anchors = specs.iter().filter(|(_, r)| *r == Role::Anchor).count();
+            if p.name == "generic" {
+                assert_eq!(specs.len(), 0);
+            } else {
+                assert_eq!(anchors, 1, "{}: exactly one anchor", p.name);
+                assert!(
+                    !p.detect_modules.is_empty() && !p.detect_process.is_empty(),
+                    "{}",
+                    p.name
+                );
+            }
+        }
+        assert!(by_name("nope")
+            .unwrap_err()
+            .to_string()
+            .contains("vllm, sglang, generic"));
+    }
+}

@@ -1,0 +1,293 @@
+//! The shared-memory ring between the injected probe (producer) and stallscope (consumer).
+//!
+//! One file in the target's `/dev/shm` (or `/tmp`), mapped by both sides. The producer side is written in Python
+//! (`probe.py`), which documents the same layout. Lanes: each Python thread that calls a watched function claims
+//! its own lane (single producer, no lock); threads beyond the exclusive lanes share the last lane through a
+//! non-blocking lock. The producer never blocks: a full lane counts a lost record. Each lane publishes its write
+//! sequence after the record bytes, and x86-64 keeps stores in order, so a record below `write_seq` is complete.
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, Ordering};
+
+use memmap2::MmapMut;
+
+/// "STLSCPR1" read as a little-endian u64.
+pub const MAGIC: u64 = 0x3152_5043_534C_5453;
+/// Layout version (bump with probe.py's PROBE_VERSION when the layout changes).
+pub const VERSION: u32 = 1;
+/// Bytes per record.
+pub const RECORD_SIZE: usize = 128;
+/// Extracted integer fields per record.
+pub const MAX_FIELDS: usize = 8;
+const LANE_BASE: usize = 256;
+const LANE_SIZE: usize = 64;
+/// Offset of the probe's response area.
+const CONTROL: usize = 4096;
+/// Offset of the first record.
+const RECORDS: usize = 65536;
+const OFF_HEARTBEAT: usize = 24;
+const OFF_STATE: usize = 32;
+
+/// One timed call of a watched function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    /// Per-lane sequence number.
+    pub seq: u64,
+    /// Which watch (index into the attach response's probes).
+    pub probe: u32,
+    /// The call ended with an exception.
+    pub exception: bool,
+    /// Native thread id of the caller.
+    pub tid: u64,
+    /// CLOCK_MONOTONIC ns at entry.
+    pub enter_ns: u64,
+    /// CLOCK_MONOTONIC ns at exit.
+    pub exit_ns: u64,
+    /// Bit i set when field i was extracted.
+    pub present: u8,
+    /// Extracted fields, in the watch spec's order.
+    pub fields: [i64; MAX_FIELDS],
+}
+
+impl Record {
+    /// Field `i`, if it was extracted.
+    pub fn field(&self, i: usize) -> Option<i64> {
+        (i < MAX_FIELDS && self.present & (1 << i) != 0).then(|| self.fields[i])
+    }
+
+    /// Decodes a record from its 104 meaningful bytes.
+    pub fn decode(b: &[u8]) -> Record {
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        let flags = u32::from_le_bytes(b[12..16].try_into().unwrap());
+        let mut fields = [0i64; MAX_FIELDS];
+        for (i, f) in fields.iter_mut().enumerate() {
+            *f = u64_at(40 + 8 * i) as i64;
+        }
+        Record {
+            seq: u64_at(0),
+            probe: u32::from_le_bytes(b[8..12].try_into().unwrap()),
+            exception: flags & 1 != 0,
+            tid: u64_at(16),
+            enter_ns: u64_at(24),
+            exit_ns: u64_at(32),
+            present: (flags >> 8) as u8,
+            fields,
+        }
+    }
+
+    /// Encodes the record (the producer's side; used by tests and benchmarks of the reader).
+    pub fn encode(&self, out: &mut [u8]) {
+        out[0..8].copy_from_slice(&self.seq.to_le_bytes());
+        out[8..12].copy_from_slice(&self.probe.to_le_bytes());
+        let flags = self.exception as u32 | (self.present as u32) << 8;
+        out[12..16].copy_from_slice(&flags.to_le_bytes());
+        out[16..24].copy_from_slice(&self.tid.to_le_bytes());
+        out[24..32].copy_from_slice(&self.enter_ns.to_le_bytes());
+        out[32..40].copy_from_slice(&self.exit_ns.to_le_bytes());
+        for (i, f) in self.fields.iter().enumerate() {
+            out[40 + 8 * i..48 + 8 * i].copy_from_slice(&f.to_le_bytes());
+        }
+    }
+}
+
+/// The consumer side of a ring file.
+pub struct Ring {
+    path: PathBuf,
+    map: MmapMut,
+    lanes: usize,
+    capacity: usize,
+}
+
+impl Ring {
+    /// Creates (truncating) a ring file with `lanes` lanes of `capacity` records each and maps it.
+    pub fn create(path: &Path, lanes: usize, capacity: usize) -> std::io::Result<Ring> {
+        assert!(lanes >= 2 && (LANE_BASE + lanes * LANE_SIZE) <= CONTROL && capacity > 0);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
+        let size = RECORDS + lanes * capacity * RECORD_SIZE;
+        file.set_len(size as u64)?;
+        // SAFETY: the file was just created at this size; only this process and the probe map it, and all
+        // concurrent accesses go through volatile reads/writes of plain integers.
+        let mut map = unsafe { MmapMut::map_mut(&file)? };
+        map[0..8].copy_from_slice(&MAGIC.to_le_bytes());
+        map[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        map[12..16].copy_from_slice(&(RECORD_SIZE as u32).to_le_bytes());
+        map[16..20].copy_from_slice(&(lanes as u32).to_le_bytes());
+        map[20..24].copy_from_slice(&(capacity as u32).to_le_bytes());
+        map[40..48].copy_from_slice(&(RECORDS as u64).to_le_bytes());
+        let ring = Ring {
+            path: path.to_path_buf(),
+            map,
+            lanes,
+            capacity,
+        };
+        ring.heartbeat(crate::clock::monotonic_ns());
+        Ok(ring)
+    }
+
+    /// Opens an existing ring file (for tools that read a ring another process created).
+    pub fn open(path: &Path) -> std::io::Result<Ring> {
+        let file: File = OpenOptions::new().read(true).write(true).open(path)?;
+        // SAFETY: as in `create`.
+        let map = unsafe { MmapMut::map_mut(&file)? };
+        let bad = || {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{} is not a stallscope ring", path.display()),
+            )
+        };
+        if map.len() < RECORDS || u64::from_le_bytes(map[0..8].try_into().unwrap()) != MAGIC {
+            return Err(bad());
+        }
+        let lanes = u32::from_le_bytes(map[16..20].try_into().unwrap()) as usize;
+        let capacity = u32::from_le_bytes(map[20..24].try_into().unwrap()) as usize;
+        if map.len() < RECORDS + lanes * capacity * RECORD_SIZE {
+            return Err(bad());
+        }
+        Ok(Ring {
+            path: path.to_path_buf(),
+            map,
+            lanes,
+            capacity,
+        })
+    }
+
+    /// The ring's file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn load(&self, off: usize) -> u64 {
+        // SAFETY: `off` is 8-aligned inside the mapping; the other side writes it concurrently.
+        unsafe { std::ptr::read_volatile(self.map.as_ptr().add(off) as *const u64) }
+    }
+
+    fn store(&self, off: usize, v: u64) {
+        // SAFETY: as in `load`.
+        unsafe { std::ptr::write_volatile(self.map.as_ptr().add(off) as *mut u64, v) }
+    }
+
+    /// Publishes that the reader is alive (CLOCK_MONOTONIC ns). The probe removes itself when this goes stale.
+    pub fn heartbeat(&self, now_ns: u64) {
+        self.store(OFF_HEARTBEAT, now_ns);
+    }
+
+    /// Probe state: 0 never attached, 1 attached, 2 detached.
+    pub fn probe_state(&self) -> u64 {
+        self.load(OFF_STATE)
+    }
+
+    /// Sum of the lanes' lost-record counters.
+    pub fn lost(&self) -> u64 {
+        (0..self.lanes)
+            .map(|l| self.load(LANE_BASE + LANE_SIZE * l + 16))
+            .sum()
+    }
+
+    /// Moves every complete record into `out`; returns how many.
+    pub fn drain(&self, out: &mut Vec<Record>) -> usize {
+        let before = out.len();
+        for lane in 0..self.lanes {
+            let lane_off = LANE_BASE + LANE_SIZE * lane;
+            let write = self.load(lane_off);
+            fence(Ordering::Acquire);
+            let mut read = self.load(lane_off + 8);
+            while read < write {
+                let off = RECORDS
+                    + RECORD_SIZE * (lane * self.capacity + (read % self.capacity as u64) as usize);
+                let mut bytes = [0u8; RECORD_SIZE];
+                // SAFETY: in bounds; the producer does not rewrite this slot until read_seq passes it.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.map.as_ptr().add(off),
+                        bytes.as_mut_ptr(),
+                        RECORD_SIZE,
+                    )
+                };
+                out.push(Record::decode(&bytes));
+                read += 1;
+            }
+            fence(Ordering::Release);
+            self.store(lane_off + 8, read);
+        }
+        out.len() - before
+    }
+
+    /// The probe's response to request `seq`, once it has written it.
+    pub fn response(&self, seq: u64) -> Option<String> {
+        if self.load(CONTROL) != seq {
+            return None;
+        }
+        fence(Ordering::Acquire);
+        let len = (self.load(CONTROL + 8) as u32 as usize).min(RECORDS - CONTROL - 16);
+        Some(String::from_utf8_lossy(&self.map[CONTROL + 16..CONTROL + 16 + len]).into_owned())
+    }
+
+    /// Test/benchmark producer: appends one record to `lane` as the probe would. Returns false when full.
+    pub fn push(&mut self, lane: usize, rec: &Record) -> bool {
+        let lane_off = LANE_BASE + LANE_SIZE * lane;
+        let write = self.load(lane_off);
+        if write - self.load(lane_off + 8) >= self.capacity as u64 {
+            self.store(lane_off + 16, self.load(lane_off + 16) + 1);
+            return false;
+        }
+        let off = RECORDS
+            + RECORD_SIZE * (lane * self.capacity + (write % self.capacity as u64) as usize);
+        rec.encode(&mut self.map[off..off + RECORD_SIZE]);
+        fence(Ordering::Release);
+        self.store(lane_off, write + 1);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(seq: u64) -> Record {
+        Record {
+            seq,
+            probe: 3,
+            exception: seq % 2 == 1,
+            tid: 42,
+            enter_ns: 10 * seq,
+            exit_ns: 10 * seq + 5,
+            present: 0b101,
+            fields: [seq as i64, 0, -7, 0, 0, 0, 0, i64::MIN],
+        }
+    }
+
+    #[test]
+    fn records_round_trip_in_order_and_full_lanes_count_losses() {
+        let dir = std::env::temp_dir().join(format!("ring-test-{}", std::process::id()));
+        let mut ring = Ring::create(&dir, 2, 4).unwrap();
+        for s in 0..6 {
+            let pushed = ring.push(0, &rec(s));
+            assert_eq!(pushed, s < 4, "record {s}");
+        }
+        assert_eq!(ring.lost(), 2);
+        let mut out = Vec::new();
+        assert_eq!(ring.drain(&mut out), 4);
+        assert_eq!(out, (0..4).map(rec).collect::<Vec<_>>());
+        assert_eq!(out[0].field(2), Some(-7));
+        assert_eq!(out[0].field(1), None);
+        // Room again after the drain; wrap-around keeps order.
+        for s in 4..8 {
+            assert!(ring.push(0, &rec(s)));
+        }
+        out.clear();
+        ring.drain(&mut out);
+        assert_eq!(
+            out.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            vec![4, 5, 6, 7]
+        );
+        let reopened = Ring::open(&dir).unwrap();
+        assert_eq!(reopened.lost(), 2);
+        std::fs::remove_file(&dir).unwrap();
+    }
+}

@@ -1,0 +1,423 @@
+//! An attachment to one Python process: ring, probe, watched functions; drain records; detach.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::error::{Error, Result};
+use crate::inject::{self, QueueCost};
+use crate::profiles::{Profile, Role};
+use crate::python::{self, PythonRuntime};
+use crate::remote_call;
+use crate::ring::{Record, Ring};
+use crate::watch_spec::WatchSpec;
+
+/// The probe's source, shipped inside the binary.
+const PROBE_SOURCE: &str = include_str!("probe.py");
+
+/// Which framework profile to apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Framework {
+    /// Detect from the target's loaded modules (no profile if none matches).
+    Auto,
+    /// Apply this profile whatever is loaded.
+    Named(String),
+}
+
+/// How to attach.
+#[derive(Debug, Clone)]
+pub struct AttachOptions {
+    /// The user's watch specs (all required).
+    pub specs: Vec<WatchSpec>,
+    /// Framework profile selection.
+    pub framework: Framework,
+    /// Also watch the profile's deep-dive functions.
+    pub deep_dive: bool,
+    /// Ring lanes (threads with their own lane + 1 shared).
+    pub lanes: usize,
+    /// Records per lane.
+    pub lane_capacity: usize,
+    /// The probe removes itself when stallscope stops reading for this long.
+    pub lease: Duration,
+    /// How long the target may take to run a request.
+    pub response_timeout: Duration,
+    /// Thread borrowing limits.
+    pub remote: remote_call::Options,
+}
+
+impl Default for AttachOptions {
+    fn default() -> Self {
+        Self {
+            specs: Vec::new(),
+            framework: Framework::Auto,
+            deep_dive: false,
+            lanes: 8,
+            lane_capacity: 8192,
+            lease: Duration::from_secs(30),
+            response_timeout: Duration::from_secs(5),
+            remote: remote_call::Options::default(),
+        }
+    }
+}
+
+/// A function the probe watches.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct ProbeInfo {
+    /// Record probe id.
+    pub id: u32,
+    /// The watch spec.
+    pub spec: String,
+    /// `code-swap`, `attr-wrap` or `sys.monitoring`.
+    pub mechanism: String,
+    /// Whether this attach installed it (false: it was already there).
+    pub new: bool,
+    /// Extracted field names, in record order.
+    pub fields: Vec<String>,
+    /// `anchor`, `phase`, `deep_dive` or `watch` (user spec).
+    pub role: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Response {
+    ok: bool,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    warnings: Vec<String>,
+    #[serde(default)]
+    framework: Option<String>,
+    #[serde(default)]
+    probes: Vec<ProbeInfo>,
+    #[serde(default)]
+    errors: Vec<String>,
+}
+
+/// One timed call, decoded.
+#[derive(Debug, Clone, Serialize)]
+pub struct Call {
+    /// The function (`module:qualname`).
+    pub func: String,
+    /// Native thread id.
+    pub tid: u64,
+    /// CLOCK_MONOTONIC ns at entry.
+    pub start_ns: u64,
+    /// CLOCK_MONOTONIC ns at exit.
+    pub end_ns: u64,
+    /// Extracted fields that could be read.
+    pub args: BTreeMap<String, i64>,
+    /// Ended with an exception.
+    pub exception: bool,
+}
+
+/// A live attachment.
+pub struct Session {
+    pid: i32,
+    runtime: PythonRuntime,
+    ring: Ring,
+    ring_in_target: String,
+    seq: u64,
+    options: AttachOptions,
+    /// Watched functions, by probe id.
+    pub probes: Vec<ProbeInfo>,
+    /// The profile applied, if any.
+    pub framework: Option<String>,
+    /// Optional profile functions that could not be watched.
+    pub warnings: Vec<String>,
+    /// How long the attach stopped a thread of the target.
+    pub pause: Duration,
+}
+
+impl Session {
+    /// Attaches to `pid`: finds its runtime, creates the ring, injects the probe and watches the functions.
+    pub fn attach(pid: i32, options: AttachOptions) -> Result<Session> {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(Error::NoSuchProcess(pid));
+        }
+        let runtime = python::find(pid)?;
+        let (host_path, ring_in_target) = ring_location(pid)?;
+        let ring = Ring::create(&host_path, options.lanes, options.lane_capacity)
+            .map_err(|e| Error::io(format!("creating {}", host_path.display()), e))?;
+        give_to_target(pid, &host_path)?;
+        let mut session = Session {
+            pid,
+            runtime,
+            ring,
+            ring_in_target,
+            seq: 0,
+            options,
+            probes: Vec::new(),
+            framework: None,
+            warnings: Vec::new(),
+            pause: Duration::ZERO,
+        };
+        let result = session.attach_request();
+        // Both sides have it mapped (or the attach failed): no file is left behind either way.
+        let _ = std::fs::remove_file(&host_path);
+        let resp = result?;
+        session.framework = resp.framework;
+        session.warnings = resp.warnings;
+        session.probes = resp.probes;
+        if session.probes.is_empty() {
+            let why = if session.options.specs.is_empty() && session.framework.is_none() {
+                "no framework profile matched the target's modules and no --watch was given: pass --watch MODULE:QUALNAME or --framework".to_string()
+            } else {
+                format!(
+                    "none of the functions could be watched: {}",
+                    session.warnings.join("; ")
+                )
+            };
+            let _ = session.detach_request();
+            return Err(Error::Probe(why));
+        }
+        Ok(session)
+    }
+
+    fn attach_request(&mut self) -> Result<Response> {
+        let profiles = self.profiles_for_request()?;
+        let specs: Vec<_> = self
+            .options
+            .specs
+            .iter()
+            .map(|s| spec_json(s, "watch"))
+            .collect();
+        let req = json!({
+            "op": "attach",
+            "ring": self.ring_in_target,
+            "lease_ns": self.options.lease.as_nanos() as u64,
+            "specs": specs,
+            "profiles": profiles,
+        });
+        let resp = self.request(req)?;
+        if !resp.ok {
+            return Err(Error::Probe(
+                resp.error
+                    .unwrap_or_else(|| "the probe refused the request".into()),
+            ));
+        }
+        Ok(resp)
+    }
+
+    fn profiles_for_request(&self) -> Result<Vec<serde_json::Value>> {
+        let mut roles = vec![Role::Anchor, Role::Phase];
+        if self.options.deep_dive {
+            roles.push(Role::DeepDive);
+        }
+        let (profiles, force): (Vec<Profile>, bool) = match &self.options.framework {
+            Framework::Auto => (crate::profiles::builtin(), false),
+            Framework::Named(name) => (vec![crate::profiles::by_name(name)?], true),
+        };
+        profiles
+            .iter()
+            .filter(|p| !p.watch.is_empty())
+            .map(|p| {
+                let specs: Vec<_> = p
+                    .specs(&roles)?
+                    .iter()
+                    .map(|(s, r)| spec_json(s, role_name(*r)))
+                    .collect();
+                let detect = if force {
+                    vec![String::from("sys")]
+                } else {
+                    p.detect_modules.clone()
+                };
+                Ok(json!({"name": p.name, "detect_modules": detect, "specs": specs}))
+            })
+            .collect()
+    }
+
+    /// Sends one request and waits for the probe's answer.
+    fn request(&mut self, mut req: serde_json::Value) -> Result<Response> {
+        self.seq += 1;
+        let seq = self.seq;
+        req["seq"] = json!(seq);
+        let script = format!("/tmp/stallscope-{}-{}.py", self.pid, seq);
+        if self.runtime.uses_pep768() {
+            req["script"] = json!(script);
+        }
+        let build = |region: u64, size: u64| {
+            let mut r = req.clone();
+            r["page"] = json!(region);
+            r["page_size"] = json!(size);
+            bootstrap_line(&r.to_string())
+        };
+        let (queued, QueueCost { pause }) =
+            inject::queue(self.pid, &self.runtime, self.options.remote, &script, build)?;
+        self.pause = self.pause.max(pause);
+        let text = inject::wait(self.pid, &queued, self.options.response_timeout, || {
+            self.ring.response(seq)
+        })?;
+        serde_json::from_str(&text)
+            .map_err(|e| Error::Probe(format!("unreadable probe response {text:?}: {e}")))
+    }
+
+    /// Target pid.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The target's CPython.
+    pub fn runtime(&self) -> &PythonRuntime {
+        &self.runtime
+    }
+
+    /// Moves new records into `out` and renews the probe's lease.
+    pub fn drain(&self, out: &mut Vec<Record>) -> usize {
+        self.ring.heartbeat(crate::clock::monotonic_ns());
+        self.ring.drain(out)
+    }
+
+    /// Records the probe could not write because the ring was full.
+    pub fn lost_records(&self) -> u64 {
+        self.ring.lost()
+    }
+
+    /// Whether the probe is still installed (it removes itself if its lease expires).
+    pub fn probe_attached(&self) -> bool {
+        self.ring.probe_state() == 1
+    }
+
+    /// Decodes a record with this session's probe table.
+    pub fn call(&self, r: &Record) -> Call {
+        let probe = self.probes.iter().find(|p| p.id == r.probe);
+        let func = probe.map_or_else(
+            || format!("probe#{}", r.probe),
+            |p| p.spec.split('[').next().unwrap_or(&p.spec).to_string(),
+        );
+        let args = probe
+            .map(|p| {
+                p.fields
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, name)| r.field(i).map(|v| (name.clone(), v)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Call {
+            func,
+            tid: r.tid,
+            start_ns: r.enter_ns,
+            end_ns: r.exit_ns,
+            args,
+            exception: r.exception,
+        }
+    }
+
+    /// Restores every watched function, frees the monitoring tool id and unmaps the ring in the target.
+    pub fn detach(mut self) -> Result<()> {
+        self.detach_request()
+    }
+
+    fn detach_request(&mut self) -> Result<()> {
+        if !self.probe_attached() && self.ring.probe_state() != 0 {
+            return Ok(()); // it already removed itself (lease expired)
+        }
+        let resp = self.request(json!({"op": "detach", "ring": self.ring_in_target}))?;
+        if !resp.errors.is_empty() {
+            return Err(Error::Probe(format!(
+                "detach left something behind: {}",
+                resp.errors.join("; ")
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The single line the interpreter runs: decode the probe source and run it with the request.
+fn bootstrap_line(request: &str) -> String {
+    format!(
+        "exec(__import__('binascii').a2b_base64('{}'),{{'__name__':'_stallscope_probe','_REQUEST':__import__('binascii').a2b_base64('{}').decode()}})",
+        base64(PROBE_SOURCE.as_bytes()),
+        base64(request.as_bytes())
+    )
+}
+
+fn base64(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn spec_json(spec: &WatchSpec, role: &str) -> serde_json::Value {
+    json!({"text": spec.text, "module": spec.module, "qualname": spec.qualname, "fields": spec.fields, "role": role})
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Anchor => "anchor",
+        Role::Phase => "phase",
+        Role::DeepDive => "deep_dive",
+    }
+}
+
+/// Where the ring file goes: the target's /dev/shm (else /tmp), through /proc/PID/root so it works across mount
+/// namespaces. Returns (path for us, path for the target).
+fn ring_location(pid: i32) -> Result<(PathBuf, String)> {
+    let nonce = crate::clock::monotonic_ns() ^ (std::process::id() as u64) << 32;
+    let root = format!("/proc/{pid}/root");
+    for dir in ["/dev/shm", "/tmp"] {
+        if std::path::Path::new(&format!("{root}{dir}")).is_dir() {
+            let inside = format!("{dir}/stallscope-ring-{pid}-{nonce:x}");
+            return Ok((PathBuf::from(format!("{root}{inside}")), inside));
+        }
+    }
+    Err(Error::Probe(format!(
+        "process {pid} has neither /dev/shm nor /tmp for the shared-memory ring"
+    )))
+}
+
+/// Makes the ring file readable and writable by the target's user only.
+fn give_to_target(pid: i32, path: &std::path::Path) -> Result<()> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|_| Error::NoSuchProcess(pid))?;
+    let id = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u32>().ok())
+    };
+    let (uid, gid) = (id("Uid:"), id("Gid:"));
+    std::os::unix::fs::chown(path, uid, gid)
+        .map_err(|e| Error::io(format!("giving {} to the target's user", path.display()), e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| Error::io(format!("chmod {}", path.display()), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_the_standard_alphabet() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar\xff"), "Zm9vYmFy/w==");
+    }
+
+    #[test]
+    fn the_bootstrap_is_one_line() {
+        let line = bootstrap_line("{\"op\":\"detach\"}");
+        assert!(!line.contains('\n') && line.starts_with("exec("));
+    }
+}
