@@ -10,31 +10,8 @@ use std::{
 
 use serde_json::Value;
 
-/// The stallscope binary (`cargo xtask test` builds it and sets STALLSCOPE_BIN).
-fn stallscope() -> Command {
-    let bin = std::env::var_os("STALLSCOPE_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/stallscope")
-        });
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo xtask test`",
-        bin.display()
-    );
-    let mut c = Command::new(bin);
-    c.env("RUST_LOG", "info");
-    c
-}
-
-fn require_root() {
-    // SAFETY: no arguments.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "the kernel-plane tests load eBPF programs and must run as root"
-    );
-}
+mod common;
+use common::{expect_failure, require_root, stallscope};
 
 /// A running workload process, killed on drop.
 struct Workload {
@@ -93,12 +70,6 @@ fn run_json(args: &[&str]) -> (Output, Value) {
 }
 
 /// Runs `cmd`, asserts that it fails, and returns its stderr.
-fn expect_failure(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap();
-    assert!(!out.status.success(), "{cmd:?} should have failed");
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 fn thread(report: &Value, tid: u32) -> &Value {
     report["threads"]
         .as_array()

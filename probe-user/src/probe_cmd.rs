@@ -29,7 +29,7 @@ pub struct ProbeArgs {
     #[arg(long)]
     pub json: bool,
     /// Also stream raw events (switch, wakeup, syscall enter/exit) during the window and
-    /// report their counts and rate.
+    /// report their counts and rate; the Python plane adds the profile's deep-dive functions.
     #[arg(long)]
     pub deep_dive: bool,
     /// Report the kernel's run count and run time of each probe program (BPF_ENABLE_STATS).
@@ -91,25 +91,10 @@ pub async fn run(args: &ProbeArgs, paths: &KernelPaths) -> Result<()> {
     if pid == std::process::id() {
         bail!("pid {pid} is stallscope itself; give the pid of the process to watch");
     }
-    let features = Features::detect(paths);
-    features.require()?;
-    let mut plane = KernelPlane::load(&features)?;
-    if args.prog_stats {
-        plane.enable_run_stats()?;
-    }
-    plane.watch(pid)?;
-    let drainer = if args.deep_dive {
-        plane.set_deep_dive(true)?;
-        plane.take_ring().map(|ring| Drainer::start(ring, |_| {}))
-    } else {
-        None
-    };
-
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
     let request = PythonRequest {
         framework: args.framework.clone(),
         watch: args.watch.clone(),
+        deep_dive: args.deep_dive,
     };
     let mut notes = Vec::new();
     let mut capture = match Capture::start(pid as i32, &request)? {
@@ -119,6 +104,25 @@ pub async fn run(args: &ProbeArgs, paths: &KernelPaths) -> Result<()> {
             None
         }
     };
+    let plane = start_kernel_plane(args, paths, pid);
+    let mut plane = match plane {
+        Ok(p) => p,
+        Err(e) => {
+            if let Some(c) = capture {
+                c.finish(false)?;
+            }
+            return Err(e);
+        }
+    };
+    let drainer = if args.deep_dive {
+        plane.set_deep_dive(true)?;
+        plane.take_ring().map(|ring| Drainer::start(ring, |_| {}))
+    } else {
+        None
+    };
+
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
     tokio::time::sleep(WARMUP).await;
 
     let mut names: HashMap<u32, String> = HashMap::new();
@@ -204,6 +208,17 @@ pub async fn run(args: &ProbeArgs, paths: &KernelPaths) -> Result<()> {
         print!("{}", render_table(&report));
     }
     Ok(())
+}
+
+fn start_kernel_plane(args: &ProbeArgs, paths: &KernelPaths, pid: u32) -> Result<KernelPlane> {
+    let features = Features::detect(paths);
+    features.require()?;
+    let mut plane = KernelPlane::load(&features)?;
+    if args.prog_stats {
+        plane.enable_run_stats()?;
+    }
+    plane.watch(pid)?;
+    Ok(plane)
 }
 
 fn ms(ns: u64) -> String {

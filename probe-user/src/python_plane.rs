@@ -16,6 +16,8 @@ pub struct PythonRequest {
     pub framework: String,
     /// `--watch` specs.
     pub watch: Vec<WatchSpec>,
+    /// Also watch the profile's deep-dive functions.
+    pub deep_dive: bool,
 }
 
 /// A running capture.
@@ -55,6 +57,7 @@ impl Capture {
         let options = AttachOptions {
             specs: req.watch.clone(),
             framework,
+            deep_dive: req.deep_dive,
             ..AttachOptions::default()
         };
         match Session::attach(pid, options) {

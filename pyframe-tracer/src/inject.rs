@@ -120,7 +120,7 @@ pub fn wait<T>(
         if let Some(v) = done() {
             return Ok(v);
         }
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        if let Err(Error::TargetExited(_) | Error::NoSuchProcess(_)) = check_running(pid) {
             return Err(Error::TargetExited(pid));
         }
         if Instant::now() >= deadline {
@@ -150,7 +150,7 @@ fn cancel(pid: i32, queued: &Queued) {
     }
 }
 
-/// A stopped target cannot reach a safe point; say so instead of timing out.
+/// A stopped target cannot reach a safe point, and a zombie has exited; say so instead of timing out.
 fn check_running(pid: i32) -> Result<()> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map_err(|_| Error::NoSuchProcess(pid))?;

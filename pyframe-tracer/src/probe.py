@@ -546,6 +546,10 @@ def _main(text):
         _respond_once(req, resp)
     if req["op"] == "detach":
         probe.close_ring()
+    elif not resp.get("ok") and not probe.watches:
+        # A refused first attach leaves nothing installed.
+        probe.detach()
+        probe.close_ring()
 
 
 def _respond_once(req, resp):

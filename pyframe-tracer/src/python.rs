@@ -118,6 +118,11 @@ fn version_from_name(name: &str) -> Option<(u32, u32, u32)> {
 pub fn gone_or(pid: i32, e: std::io::Error, what: &str) -> Error {
     if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
         Error::NoSuchProcess(pid)
+    } else if e.kind() == std::io::ErrorKind::PermissionDenied {
+        Error::PtraceDenied {
+            pid,
+            reason: format!("{what}: {e}"),
+        }
     } else {
         Error::io(format!("process {pid}: {what}"), e)
     }

@@ -1,0 +1,37 @@
+//! Helpers shared by the end-to-end test files.
+
+use std::{path::PathBuf, process::Command};
+
+/// The stallscope binary (`cargo xtask test` builds it and sets STALLSCOPE_BIN).
+pub fn stallscope() -> Command {
+    let bin = std::env::var_os("STALLSCOPE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/stallscope")
+        });
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo xtask test`",
+        bin.display()
+    );
+    let mut c = Command::new(bin);
+    c.env("RUST_LOG", "info");
+    c
+}
+
+/// Fails the test unless it runs as root (eBPF and ptrace of any process need it).
+pub fn require_root() {
+    // SAFETY: no arguments.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "the end-to-end tests load eBPF programs and ptrace targets: run them as root"
+    );
+}
+
+/// Runs `cmd`, asserts it failed, returns its stderr.
+pub fn expect_failure(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success(), "{cmd:?} should have failed");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}

@@ -1,0 +1,574 @@
+//! End-to-end tests of the Python plane against real CPython 3.10–3.13 processes (pyenv): the `stallscope` binary
+//! and the `pyframe-tracer` library attach to a running loop, time it and read its arguments. Need root.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::{BufRead, BufReader, Write},
+    path::PathBuf,
+    process::{Child, ChildStdin, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use pyframe_tracer::{AttachOptions, Error, Framework, Session};
+use serde_json::Value;
+
+mod common;
+use common::{expect_failure, require_root, stallscope};
+
+const VERSIONS: [&str; 4] = ["3.10", "3.11", "3.12", "3.13"];
+const SPEC: &str =
+    "__main__:Sched.run_batch[bs=len(batch.reqs);tokens=batch.tokens;seq=sum(batch.seq_lens);step=step]";
+
+/// The pyenv interpreter for `major.minor` (PYENV_ROOT or ~/.pyenv).
+fn python(version: &str) -> PathBuf {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".pyenv"));
+    let dir = std::fs::read_dir(root.join("versions"))
+        .expect("pyenv versions (cargo xtask setup checks them)")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with(&format!("{version}.")) && !name[version.len() + 1..].contains('.')
+        })
+        .unwrap_or_else(|| panic!("CPython {version} is not installed in pyenv"));
+    dir.join("bin/python3")
+}
+
+/// One call as the target itself stamped it.
+#[derive(Debug, Clone, Copy)]
+struct TargetCall {
+    t0: u64,
+    t1: u64,
+    bs: i64,
+    tokens: i64,
+    seq: i64,
+    result: i64,
+}
+
+/// A running `targets/py_loop.py`, killed on drop. Its stdout is parsed as it arrives.
+struct Target {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    pid: i32,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Target {
+    fn start(version: &str, args: &[&str]) -> Target {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_loop.py");
+        let mut child = Command::new(python(version))
+            .arg(script)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start python target");
+        let mut reader = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        reader.read_line(&mut first).unwrap();
+        assert!(first.starts_with("ready "), "target said {first:?}");
+        assert!(first.trim().ends_with(version), "{first}");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in reader.lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let stdin = child.stdin.take();
+        let pid = child.id() as i32;
+        Target {
+            child,
+            stdin,
+            pid,
+            lines,
+        }
+    }
+
+    fn calls(&self) -> HashMap<i64, TargetCall> {
+        let lines = self.lines.lock().unwrap();
+        lines
+            .iter()
+            .filter_map(|l| l.strip_prefix("call "))
+            .map(|l| {
+                let v: Vec<i64> = l.split(' ').map(|x| x.parse().unwrap()).collect();
+                let c = TargetCall {
+                    t0: v[2] as u64,
+                    t1: v[3] as u64,
+                    bs: v[4],
+                    tokens: v[5],
+                    seq: v[6],
+                    result: v[7],
+                };
+                (v[1], c)
+            })
+            .collect()
+    }
+
+    fn count(&self) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with("call "))
+            .count()
+    }
+
+    /// Waits until the target made `n` more calls (so it demonstrably still runs).
+    fn wait_progress(&self, n: usize) {
+        let start = self.count();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.count() < start + n {
+            assert!(
+                Instant::now() < deadline,
+                "target {} stopped making progress",
+                self.pid
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The target's latest self-check: 1 when no trace of a probe is present.
+    fn last_clean(&self) -> Option<bool> {
+        let lines = self.lines.lock().unwrap();
+        lines
+            .iter()
+            .rev()
+            .find_map(|l| l.strip_prefix("clean "))
+            .map(|l| l.ends_with(" 1"))
+    }
+
+    fn wait_clean_report(&self) -> bool {
+        let before = self
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with("clean "))
+            .count();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.starts_with("clean "))
+                .count();
+            if now > before {
+                return self.last_clean().unwrap();
+            }
+            assert!(Instant::now() < deadline, "target reported nothing");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn probe_json(pid: i32, duration: &str, watch: &[&str]) -> Value {
+    let mut cmd = stallscope();
+    cmd.args([
+        "probe",
+        "--pid",
+        &pid.to_string(),
+        "--duration",
+        duration,
+        "--json",
+    ]);
+    for w in watch {
+        cmd.args(["--watch", w]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "probe failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn median(mut v: Vec<i64>) -> i64 {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+/// Every call made while attached is captured (no gap in the step sequence), each record encloses the
+/// target's own stamps within 20 µs median, and the extracted arguments equal what the target passed.
+fn check_capture(version: &str, mode: &str, min_calls: usize) {
+    require_root();
+    let target = Target::start(version, &[mode]);
+    target.wait_progress(20);
+    let report = probe_json(target.pid, "2s", &[SPEC]);
+    target.wait_progress(5);
+    let ours = target.calls();
+    let calls = report["calls"].as_array().expect("calls in the report");
+    assert_eq!(report["lost_records"], 0);
+    assert!(
+        calls.len() >= min_calls,
+        "{version} {mode}: only {} calls captured",
+        calls.len()
+    );
+    let mut steps: Vec<i64> = calls
+        .iter()
+        .map(|c| c["args"]["step"].as_i64().unwrap())
+        .collect();
+    steps.sort_unstable();
+    assert!(
+        steps.windows(2).all(|w| w[1] == w[0] + 1),
+        "{version} {mode}: calls missing between {} and {}",
+        steps[0],
+        steps[steps.len() - 1]
+    );
+    let (mut enter_lag, mut exit_lag) = (Vec::new(), Vec::new());
+    for c in calls {
+        let step = c["args"]["step"].as_i64().unwrap();
+        let t = ours
+            .get(&step)
+            .unwrap_or_else(|| panic!("target has no call {step}"));
+        let (start, end) = (
+            c["start_ns"].as_u64().unwrap(),
+            c["end_ns"].as_u64().unwrap(),
+        );
+        assert!(
+            start <= t.t0 && t.t1 <= end,
+            "record {start}..{end} does not enclose {t:?}"
+        );
+        enter_lag.push((t.t0 - start) as i64);
+        exit_lag.push((end - t.t1) as i64);
+        assert_eq!(c["args"]["bs"], t.bs);
+        assert_eq!(c["args"]["tokens"], t.tokens);
+        assert_eq!(c["args"]["seq"], t.seq);
+        assert_eq!(c["exception"], false);
+        assert_eq!(c["tid"], target.pid as i64);
+        assert_eq!(c["func"], "__main__:Sched.run_batch");
+    }
+    let (enter, exit) = (median(enter_lag), median(exit_lag));
+    eprintln!(
+        "{version} {mode}: {} calls, median enter lag {enter} ns, exit lag {exit} ns",
+        calls.len()
+    );
+    assert!(
+        enter < 20_000 && exit < 20_000,
+        "{version}: median lags {enter} / {exit} ns"
+    );
+}
+
+#[test]
+fn captures_every_call_exactly_on_3_10() {
+    check_capture("3.10", "sleep", 300);
+}
+
+#[test]
+fn captures_every_call_exactly_on_3_11() {
+    check_capture("3.11", "sleep", 300);
+}
+
+#[test]
+fn captures_every_call_exactly_on_3_12() {
+    check_capture("3.12", "sleep", 300);
+}
+
+#[test]
+fn captures_every_call_exactly_on_3_13() {
+    check_capture("3.13", "sleep", 300);
+}
+
+/// A target that never sleeps: no thread is parked, so the injector catches one entering a syscall.
+#[test]
+fn attaches_to_a_busy_target() {
+    check_capture("3.11", "busy", 200);
+    check_capture("3.13", "busy", 200);
+}
+
+#[test]
+fn multi_threaded_target_gets_one_lane_per_thread() {
+    require_root();
+    let target = Target::start("3.12", &["threads", "4"]);
+    target.wait_progress(40);
+    let report = probe_json(target.pid, "1s", &[SPEC]);
+    let calls = report["calls"].as_array().unwrap();
+    let mut by_tid: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
+    for c in calls {
+        by_tid
+            .entry(c["tid"].as_u64().unwrap())
+            .or_default()
+            .push(c["args"]["step"].as_i64().unwrap());
+    }
+    assert_eq!(
+        by_tid.len(),
+        4,
+        "one entry per worker thread: {:?}",
+        by_tid.keys()
+    );
+    assert!(
+        !by_tid.contains_key(&(target.pid as u64)),
+        "the main thread never calls run_batch"
+    );
+    for (tid, mut steps) in by_tid {
+        steps.sort_unstable();
+        assert!(steps.len() >= 100, "thread {tid}: {} calls", steps.len());
+        assert!(
+            steps.windows(2).all(|w| w[1] == w[0] + 1),
+            "thread {tid} has gaps"
+        );
+    }
+}
+
+fn attach_options() -> AttachOptions {
+    AttachOptions {
+        specs: vec![SPEC.parse().unwrap()],
+        framework: Framework::Named("generic".into()),
+        ..AttachOptions::default()
+    }
+}
+
+/// 100 attach/detach cycles: the target keeps running with unchanged results, and afterwards nothing of the
+/// probe is left (its own self-check, /dev/shm, its memory map).
+#[test]
+fn hundred_attach_detach_cycles_leave_no_trace() {
+    require_root();
+    for version in VERSIONS {
+        let mut target = Target::start(version, &["sleep"]);
+        target.wait_progress(10);
+        let mut records = Vec::new();
+        for cycle in 0..100 {
+            let session = Session::attach(target.pid, attach_options())
+                .unwrap_or_else(|e| panic!("{version} cycle {cycle}: {e}"));
+            std::thread::sleep(Duration::from_millis(3));
+            session.drain(&mut records);
+            session
+                .detach()
+                .unwrap_or_else(|e| panic!("{version} cycle {cycle} detach: {e}"));
+        }
+        target.wait_progress(150);
+        assert!(target.alive(), "{version}: target died");
+        assert!(
+            !records.is_empty(),
+            "{version}: nothing recorded in 100 cycles"
+        );
+        for (step, c) in target.calls() {
+            assert_eq!(
+                c.result,
+                (step * 2654435761 + c.bs) % 1000003,
+                "{version}: output changed at {step}"
+            );
+        }
+        assert!(
+            target.wait_clean_report(),
+            "{version}: probe traces remain after detach"
+        );
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", target.pid)).unwrap();
+        assert!(!maps.contains("stallscope"), "{version}: ring still mapped");
+        let leftovers: Vec<_> = std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .contains(&format!("stallscope-ring-{}-", target.pid))
+            })
+            .collect();
+        assert!(
+            leftovers.is_empty(),
+            "{version}: {leftovers:?} left in /dev/shm"
+        );
+    }
+}
+
+/// Re-attaching while a probe is installed finds it instead of instrumenting twice.
+#[test]
+fn attach_is_idempotent() {
+    require_root();
+    let target = Target::start("3.11", &["sleep"]);
+    target.wait_progress(5);
+    let first = Session::attach(target.pid, attach_options()).unwrap();
+    assert!(first.probes[0].new);
+    let second = Session::attach(target.pid, attach_options()).unwrap();
+    assert_eq!(second.probes.len(), 1);
+    second.detach().unwrap();
+    drop(first);
+    target.wait_progress(110);
+    assert!(target.wait_clean_report());
+}
+
+/// The main thread is blocked in read(): the request cannot run, is cancelled, and when the thread later
+/// returns to Python nothing happens; a later attach then works.
+#[test]
+fn blocked_main_thread_is_reported_and_the_request_cancelled() {
+    require_root();
+    let mut target = Target::start("3.12", &["blocked"]);
+    std::thread::sleep(Duration::from_millis(200));
+    let options = AttachOptions {
+        response_timeout: Duration::from_millis(500),
+        ..attach_options()
+    };
+    match Session::attach(target.pid, options) {
+        Err(Error::NotAtSafePoint { .. }) => {}
+        other => panic!("expected NotAtSafePoint, got {:?}", other.map(|s| s.probes)),
+    }
+    writeln!(target.stdin.as_mut().unwrap(), "go").unwrap();
+    target.wait_progress(110);
+    assert!(
+        target.wait_clean_report(),
+        "the cancelled request must not install anything"
+    );
+    let session = Session::attach(target.pid, attach_options()).unwrap();
+    session.detach().unwrap();
+    assert!(target.alive());
+}
+
+#[test]
+fn error_not_a_python_process() {
+    require_root();
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let err = expect_failure(stallscope().args([
+        "probe",
+        "--pid",
+        &sleeper.id().to_string(),
+        "--watch",
+        SPEC,
+    ]));
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    assert!(err.contains("is not a Python process"), "{err}");
+}
+
+#[test]
+fn error_unsupported_python_version() {
+    require_root();
+    let old = python("3.9").parent().unwrap().join("python3.9");
+    let mut child = Command::new(old)
+        .args(["-c", "import time; time.sleep(30)"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let err = expect_failure(stallscope().args([
+        "probe",
+        "--pid",
+        &child.id().to_string(),
+        "--watch",
+        SPEC,
+    ]));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        err.contains("runs CPython 3.9") && err.contains("does not support"),
+        "{err}"
+    );
+}
+
+#[test]
+fn error_function_not_found_names_close_matches() {
+    require_root();
+    let mut target = Target::start("3.13", &["sleep"]);
+    target.wait_progress(3);
+    let err = expect_failure(stallscope().args([
+        "probe",
+        "--pid",
+        &target.pid.to_string(),
+        "--watch",
+        "__main__:Sched.run_btch",
+    ]));
+    assert!(
+        err.contains("not found") && err.contains("close matches: run_batch"),
+        "{err}"
+    );
+    target.wait_progress(110);
+    assert!(target.alive() && target.wait_clean_report());
+}
+
+#[test]
+fn error_target_already_traced() {
+    require_root();
+    let target = Target::start("3.11", &["sleep"]);
+    // SAFETY: PTRACE_SEIZE of our own child; no memory is passed.
+    let rc = unsafe { libc::ptrace(libc::PTRACE_SEIZE, target.pid, 0, 0) };
+    assert_eq!(rc, 0);
+    let err = expect_failure(stallscope().args([
+        "probe",
+        "--pid",
+        &target.pid.to_string(),
+        "--watch",
+        SPEC,
+    ]));
+    assert!(
+        err.contains("already traced by pid") && err.contains("detach that debugger"),
+        "{err}"
+    );
+}
+
+#[test]
+fn error_ptrace_not_permitted_without_privileges() {
+    require_root();
+    let target = Target::start("3.11", &["sleep"]);
+    let bin = stallscope().get_program().to_owned();
+    let err = expect_failure(
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+            ])
+            .arg(bin)
+            .args(["probe", "--pid", &target.pid.to_string(), "--watch", SPEC]),
+    );
+    assert!(
+        err.contains("not permitted") && err.contains("CAP_SYS_PTRACE"),
+        "{err}"
+    );
+}
+
+#[test]
+fn error_target_exits_mid_attach() {
+    require_root();
+    let mut target = Target::start("3.12", &["exit-soon"]);
+    let err = expect_failure(stallscope().args([
+        "probe",
+        "--pid",
+        &target.pid.to_string(),
+        "--watch",
+        SPEC,
+    ]));
+    assert!(
+        err.contains("exited while stallscope was attaching"),
+        "{err}"
+    );
+    assert_eq!(target.child.wait().unwrap().code(), Some(3));
+}
+
+#[test]
+fn error_stopped_target() {
+    require_root();
+    let target = Target::start("3.10", &["sleep"]);
+    // SAFETY: signal to our own child.
+    unsafe { libc::kill(target.pid, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_millis(100));
+    let err = expect_failure(stallscope().args([
+        "probe",
+        "--pid",
+        &target.pid.to_string(),
+        "--watch",
+        SPEC,
+    ]));
+    assert!(
+        err.contains("is stopped") && err.contains("kill -CONT"),
+        "{err}"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(target.pid, libc::SIGCONT) };
+    target.wait_progress(5);
+}
