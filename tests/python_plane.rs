@@ -572,3 +572,38 @@ fn error_stopped_target() {
     unsafe { libc::kill(target.pid, libc::SIGCONT) };
     target.wait_progress(5);
 }
+
+/// `stallscope dump` samples every thread's Python stack with py-spy, without stopping the target.
+#[test]
+fn dump_shows_the_python_stacks() {
+    require_root();
+    let target = Target::start("3.12", &["threads", "2"]);
+    target.wait_progress(10);
+    let mut seen = false;
+    for _ in 0..20 {
+        let out = stallscope()
+            .args(["dump", "--pid", &target.pid.to_string(), "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let threads: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let threads = threads.as_array().unwrap();
+        assert_eq!(threads.len(), 3, "main + 2 workers: {threads:?}");
+        seen |= threads.iter().any(|t| {
+            t["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["func"].as_str().unwrap().ends_with("run_batch"))
+        });
+        if seen {
+            break;
+        }
+    }
+    assert!(seen, "no sample caught a worker inside run_batch");
+    target.wait_progress(5);
+}

@@ -60,15 +60,27 @@ enum Command {
     /// Account every thread of a process over a window: on-CPU, run-queue wait, blocked
     /// time, context switches, top syscalls.
     Probe(probe_cmd::ProbeArgs),
+    /// Print the Python stack of every thread of a process (a hang dump), sampled with py-spy
+    /// without pausing it.
+    Dump {
+        /// The Python process.
+        #[arg(long)]
+        pid: i32,
+        /// Print JSON (a list of threads with their frames, innermost first).
+        #[arg(long)]
+        json: bool,
+    },
     /// Report which kernel features and privileges stallscope can use here, then load
     /// and attach every probe once to show how each hook attaches.
     Check,
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .format_target(false)
-        .init();
+    env_logger::Builder::from_env(
+        env_logger::Env::default().default_filter_or("info,py_spy=warn,remoteprocess=warn"),
+    )
+    .format_target(false)
+    .init();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -94,6 +106,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             rt.block_on(daemon::run(&cfg, &paths))
         }
         Command::Probe(args) => rt.block_on(probe_cmd::run(&args, &paths)),
+        Command::Dump { pid, json } => {
+            let stacks = pyframe_tracer::sampling::Sampler::new(pid)?.sample()?;
+            if json {
+                println!("{}", serde_json::to_string(&stacks)?);
+            } else {
+                for t in &stacks {
+                    let tid = t.tid.map_or("?".to_string(), |t| t.to_string());
+                    let name = t.name.as_deref().unwrap_or("");
+                    let state = if t.active { "active" } else { "idle" };
+                    println!(
+                        "thread {tid} {name} ({state}{})",
+                        if t.owns_gil { ", holds the GIL" } else { "" }
+                    );
+                    for f in &t.frames {
+                        println!("    {} ({}:{})", f.func, f.file, f.line);
+                    }
+                }
+            }
+            Ok(())
+        }
         Command::Check => {
             let f = Features::detect(&paths);
             for (what, ok, detail) in f.describe() {

@@ -7,6 +7,7 @@
 //! - [`ring`]: the shared-memory ring the probe writes records into.
 //! - [`watch_spec`], [`profiles`]: what to watch.
 //! - [`session`]: one attachment, end to end.
+//! - [`sampling`]: py-spy stack samples (non-blocking) for deep dives and hang dumps.
 
 pub mod clock;
 pub mod error;
@@ -18,6 +19,7 @@ pub mod profiles;
 pub mod python;
 pub mod remote_call;
 pub mod ring;
+pub mod sampling;
 pub mod session;
 pub mod symbols;
 pub mod watch_spec;
