@@ -4,6 +4,7 @@
 //! outside the checkout (`$STALLSCOPE_CACHE`, default `~/.cache/stallscope`).
 
 mod bench;
+mod bench_python;
 mod setup;
 
 use std::{
@@ -35,7 +36,11 @@ enum Task {
     /// Set up if needed, then run every check and test (fmt, clippy, unit and end-to-end).
     Test,
     /// Run the benchmarks and print a Markdown report (see BENCHMARKS.md).
-    Bench,
+    Bench {
+        /// Only this part: `kernel` or `python` (default: both).
+        #[arg(long, value_parser = ["kernel", "python"])]
+        only: Option<String>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -60,9 +65,15 @@ fn main() -> Result<()> {
             ])?;
             cargo(&["test", "--release", "--", "--test-threads=1"])
         }
-        Task::Bench => {
+        Task::Bench { only } => {
             setup::run()?;
-            bench::run()
+            if only.as_deref() != Some("python") {
+                bench::run()?;
+            }
+            if only.as_deref() != Some("kernel") {
+                bench_python::run()?;
+            }
+            Ok(())
         }
     }
 }

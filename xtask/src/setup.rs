@@ -35,6 +35,7 @@ pub fn run() -> Result<()> {
     bpf_linker(&nightly_dir)?;
     tracefs()?;
     packages()?;
+    python_targets()?;
     crate::cargo(&[
         "build",
         "--release",
@@ -152,6 +153,53 @@ fn bpf_linker(nightly_dir: &Path) -> Result<()> {
             .env_remove("RUSTUP_TOOLCHAIN")
             .current_dir("/"),
     )
+}
+
+/// CPython versions the Python-plane tests attach to (3.9 only to check it is refused).
+const PYTHON_TARGETS: [&str; 5] = ["3.9", "3.10", "3.11", "3.12", "3.13"];
+
+/// pyenv's root (PYENV_ROOT or ~/.pyenv).
+fn pyenv_root() -> PathBuf {
+    env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".pyenv")
+        })
+}
+
+/// Makes sure pyenv has every test target's CPython, installing the missing ones (latest patch release).
+fn python_targets() -> Result<()> {
+    let root = pyenv_root();
+    let installed: Vec<String> = fs::read_dir(root.join("versions"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    for version in PYTHON_TARGETS {
+        let prefix = format!("{version}.");
+        if installed
+            .iter()
+            .any(|v| v.starts_with(&prefix) && !v[prefix.len()..].contains('.'))
+        {
+            continue;
+        }
+        let pyenv = root.join("bin/pyenv");
+        if !pyenv.exists() {
+            bail!(
+                "CPython {version} is needed by the Python-plane tests and pyenv is not installed at {}: install pyenv (or set PYENV_ROOT)",
+                root.display()
+            );
+        }
+        eprintln!("setup: pyenv install {version} (a few minutes)");
+        run_checked(
+            Command::new(&pyenv)
+                .args(["install", "--skip-existing", version])
+                .env("PYENV_ROOT", &root),
+        )?;
+    }
+    Ok(())
 }
 
 /// Mounts tracefs where the kernel plane looks for it.

@@ -1,0 +1,194 @@
+//! `cargo xtask bench` part 2: the Python plane's cost on real CPython targets (pyenv), measured A/B
+//! interleaved in one run, and the ring's throughput.
+
+use std::{
+    io::{BufRead, BufReader, Lines},
+    path::PathBuf,
+    process::{Child, ChildStdout, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use pyframe_tracer::{ring::Record, ring::Ring, AttachOptions, Framework, Session};
+
+const VERSIONS: [&str; 4] = ["3.10", "3.11", "3.12", "3.13"];
+const PAIRS: usize = 5;
+
+fn python(version: &str) -> Result<PathBuf> {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".pyenv"));
+    std::fs::read_dir(root.join("versions"))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let name = p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            name.starts_with(&format!("{version}.")) && !name[version.len() + 1..].contains('.')
+        })
+        .map(|p| p.join("bin/python3"))
+        .with_context(|| format!("CPython {version} not in pyenv (run cargo xtask setup)"))
+}
+
+struct Target {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+    pid: i32,
+}
+
+impl Target {
+    fn start(version: &str) -> Result<Target> {
+        let script = crate::root().join("tests/targets/py_bench.py");
+        let mut child = Command::new(python(version)?)
+            .arg(script)
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
+        let ready = lines.next().context("target said nothing")??;
+        let pid = ready.trim_start_matches("ready ").parse()?;
+        Ok(Target { child, lines, pid })
+    }
+
+    /// (watched ns/call, unwatched ns/call) of the first round that started after now (older lines are
+    /// still in the pipe and are skipped).
+    fn round(&mut self) -> Result<(f64, f64)> {
+        let now = pyframe_tracer::clock::monotonic_ns() as f64;
+        loop {
+            let line = self.lines.next().context("target ended")??;
+            let v: Vec<f64> = line
+                .split(' ')
+                .skip(1)
+                .map(|x| x.parse::<f64>())
+                .collect::<Result<_, _>>()?;
+            anyhow::ensure!(v.len() == 3, "bad round line {line:?}");
+            if v[0] > now {
+                return Ok((v[1], v[2]));
+            }
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Runs the Python-plane benchmarks and prints Markdown.
+pub fn run() -> Result<()> {
+    println!("## Python plane (`cargo xtask bench`)\n");
+    println!(
+        "### Cost per call and injection pause (A/B interleaved, {PAIRS} pairs per version)\n"
+    );
+    println!("`tests/targets/py_bench.py` times 200k calls of `watched(x)` and of `unwatched(x)` per round; each pair");
+    println!("is one round without the probe and one with `__main__:watched` watched (each the first round that");
+    println!("starts after the attach or detach returned). Pause = time a target thread was stopped by ptrace during attach.\n");
+    println!("| CPython | mechanism | watched: base → with probe (ns/call) | cost per watched call | unwatched: base → with probe | pause p50 / max |");
+    println!("|---|---|---|---:|---:|---:|");
+    for version in VERSIONS {
+        let mut t = Target::start(version)?;
+        t.round()?; // warm-up
+        let (mut a_w, mut a_u, mut b_w, mut b_u, mut pauses) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        let mut mechanism = String::new();
+        for _ in 0..PAIRS {
+            let (w, u) = t.round()?;
+            a_w.push(w);
+            a_u.push(u);
+            let options = AttachOptions {
+                specs: vec!["__main__:watched".parse()?],
+                framework: Framework::Named("generic".into()),
+                ..AttachOptions::default()
+            };
+            let session = Session::attach(t.pid, options)?;
+            pauses.push(session.pause.as_secs_f64() * 1e6);
+            mechanism.clone_from(&session.probes[0].mechanism);
+            let done = std::sync::atomic::AtomicBool::new(false);
+            let drain = std::thread::scope(|s| -> Result<(f64, f64)> {
+                let reader = s.spawn(|| {
+                    let mut sink = Vec::new();
+                    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                        session.drain(&mut sink);
+                        sink.clear();
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                });
+                let r = t.round();
+                done.store(true, std::sync::atomic::Ordering::Relaxed);
+                reader.join().expect("reader");
+                r
+            })?;
+            b_w.push(drain.0);
+            b_u.push(drain.1);
+            let lost = session.lost_records();
+            session.detach()?;
+            anyhow::ensure!(lost == 0, "{version}: {lost} records lost");
+        }
+        let (aw, bw, au, bu) = (median(a_w), median(b_w), median(a_u), median(b_u));
+        println!(
+            "| {version} | {mechanism} | {aw:.1} → {bw:.1} | {:.0} ns | {au:.1} → {bu:.1} ({:+.1} %) | {:.0} µs / {:.0} µs |",
+            bw - aw,
+            (bu / au - 1.0) * 100.0,
+            median(pauses.clone()),
+            pauses.iter().cloned().fold(0.0, f64::max)
+        );
+    }
+    println!();
+    ring_throughput()
+}
+
+/// Records per second through the ring's reader (the Rust side), producer in another thread.
+fn ring_throughput() -> Result<()> {
+    println!("### Ring throughput (reader side)\n");
+    let path = std::env::temp_dir().join(format!("stallscope-bench-ring-{}", std::process::id()));
+    let mut ring = Ring::create(&path, 2, 65536)?;
+    let reader = Ring::open(&path)?;
+    std::fs::remove_file(&path)?;
+    let total = 20_000_000u64;
+    let rec = Record {
+        seq: 0,
+        probe: 1,
+        exception: false,
+        tid: 1,
+        enter_ns: 1,
+        exit_ns: 2,
+        present: 0xff,
+        fields: [7; 8],
+    };
+    let start = Instant::now();
+    let (read, lost) = std::thread::scope(|s| {
+        let producer = s.spawn(move || {
+            let mut pushed = 0u64;
+            while pushed < total {
+                if ring.push(0, &rec) {
+                    pushed += 1;
+                }
+            }
+        });
+        let mut read = 0u64;
+        let mut buf = Vec::with_capacity(65536);
+        while read < total {
+            buf.clear();
+            read += reader.drain(&mut buf) as u64;
+        }
+        producer.join().expect("producer");
+        (read, reader.lost())
+    });
+    let secs = start.elapsed().as_secs_f64();
+    println!("| records | seconds | records/s | MB/s | lost (full-ring retries) |\n|---:|---:|---:|---:|---:|");
+    println!(
+        "| {read} | {secs:.2} | {:.1} M | {:.0} | {lost} |\n",
+        read as f64 / secs / 1e6,
+        read as f64 * 128.0 / secs / 1e6
+    );
+    Ok(())
+}
