@@ -3,7 +3,6 @@
 
 use std::{
     io::{BufRead, BufReader},
-    path::PathBuf,
     process::{Child, Command, Output, Stdio},
     time::Duration,
 };

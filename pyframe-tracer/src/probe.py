@@ -25,7 +25,8 @@ import threading
 PROBE_VERSION = 1
 MODULE_NAME = "_stallscope_probe"
 MAGIC = 0x31525043534C5453  # b"STLSCPR1" little-endian
-RECORD = struct.Struct("<QIIQQQ8q")
+HEADER = struct.Struct("<QIIQQQ")  # seq, probe, flags, tid, enter, exit
+FIELDS = struct.Struct("<8q")  # written only when the record has extracted fields (flags bits 8..15)
 U64 = struct.Struct("<Q")
 LANE_BASE = 256
 LANE_SIZE = 64
@@ -62,44 +63,65 @@ class _Ring:
         self.next_lane = itertools.count()
         self.shared_lock = threading.Lock()
         self.wseq = [0] * lanes
-        self.rseq = [0] * lanes
         self.lost = [0] * lanes
         for lane in range(lanes):
             self.wseq[lane] = U64.unpack_from(self.mm, LANE_BASE + LANE_SIZE * lane)[0]
 
     def claim(self, ident):
+        """Per-thread producer state: [lane, tid, write_seq, cached read_seq, shared]."""
         lane = next(self.next_lane)
         if lane >= self.lanes - 1:
             lane = self.lanes - 1
         tid = _get_native_id()
-        self.lane_of[ident] = (lane, tid)
-        if lane < self.lanes - 1:
-            U64.pack_into(self.mm, LANE_BASE + LANE_SIZE * lane + 24, tid)
-        return lane, tid
-
-    def write(self, probe, flags, t0, t1, v0, v1, v2, v3, v4, v5, v6, v7):
-        entry = self.lane_of.get(_get_ident())
-        if entry is None:
-            entry = self.claim(_get_ident())
-        lane, tid = entry
         shared = lane == self.lanes - 1
-        if shared and not self.shared_lock.acquire(False):
-            self._lose(lane)
-            return
-        try:
-            seq = self.wseq[lane]
-            if seq - self.rseq[lane] >= self.cap:
-                self.rseq[lane] = U64.unpack_from(self.mm, LANE_BASE + LANE_SIZE * lane + 8)[0]
-                if seq - self.rseq[lane] >= self.cap:
-                    self._lose(lane)
-                    return
-            off = self.records + RECORD_SIZE * (lane * self.cap + seq % self.cap)
-            RECORD.pack_into(self.mm, off, seq, probe, flags, tid, t0, t1, v0, v1, v2, v3, v4, v5, v6, v7)
-            self.wseq[lane] = seq + 1
-            U64.pack_into(self.mm, LANE_BASE + LANE_SIZE * lane, seq + 1)
-        finally:
+        if not shared:
+            U64.pack_into(self.mm, LANE_BASE + LANE_SIZE * lane + 24, tid)
+        state = self.lane_of[ident] = [lane, tid, self.wseq[lane], 0, shared]
+        return state
+
+    def writer(self):
+        """The hot path as a closure over locals: write(probe, flags, t0, t1, v) with v 8 ints or None."""
+        mm = self.mm
+        pack_header = HEADER.pack_into
+        pack_fields = FIELDS.pack_into
+        pack_u64 = U64.pack_into
+        unpack_u64 = U64.unpack_from
+        lane_of = self.lane_of
+        get_ident = _get_ident
+        claim = self.claim
+        cap = self.cap
+        records = self.records
+        shared_lock = self.shared_lock
+        wseq = self.wseq
+        lose = self._lose
+
+        def write(probe, flags, t0, t1, v):
+            st = lane_of.get(get_ident())
+            if st is None:
+                st = claim(get_ident())
+            lane, tid, seq, rseq, shared = st
             if shared:
-                self.shared_lock.release()
+                if not shared_lock.acquire(False):
+                    lose(lane)
+                    return
+                seq = wseq[lane]
+            try:
+                if seq - rseq >= cap:
+                    rseq = st[3] = unpack_u64(mm, LANE_BASE + LANE_SIZE * lane + 8)[0]
+                    if seq - rseq >= cap:
+                        lose(lane)
+                        return
+                off = records + RECORD_SIZE * (lane * cap + seq % cap)
+                pack_header(mm, off, seq, probe, flags, tid, t0, t1)
+                if v is not None:
+                    pack_fields(mm, off + 40, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7])
+                st[2] = seq + 1
+                wseq[lane] = seq + 1
+                pack_u64(mm, LANE_BASE + LANE_SIZE * lane, seq + 1)
+            finally:
+                if shared:
+                    shared_lock.release()
+        return write
 
     def _lose(self, lane):
         self.lost[lane] += 1
@@ -191,6 +213,7 @@ class _Probe:
 
     def __init__(self):
         self.ring = None
+        self.write = None
         self.watches = []
         self.by_code = {}
         self.tool = None
@@ -203,10 +226,9 @@ class _Probe:
     def emit(self, watch, t0, t1, exc, extracted):
         try:
             if extracted is None:
-                mask, v = 0, (0, 0, 0, 0, 0, 0, 0, 0)
+                self.write(watch.id, exc, t0, t1, None)
             else:
-                mask, v = extracted
-            self.ring.write(watch.id, exc | (mask << 8), t0, t1, *v)
+                self.write(watch.id, exc | (extracted[0] << 8), t0, t1, extracted[1])
             if t1 >= self.next_check:
                 self.check_lease(t1)
         except Exception:
@@ -224,6 +246,9 @@ class _Probe:
     # ---- instrumentation: __code__ swap (3.10, 3.11) ------------------------------------------------------
     def hook_for(self, watch, orig):
         emit = self.emit
+        write = self.write
+        pid = watch.id
+        probe = self
         extract = watch.extract
         mono = _mono
 
@@ -235,7 +260,13 @@ class _Probe:
                 except BaseException:
                     emit(watch, t0, mono(), 1, None)
                     raise
-                emit(watch, t0, mono(), 0, None)
+                t1 = mono()
+                try:
+                    write(pid, 0, t0, t1, None)
+                    if t1 >= probe.next_check:
+                        probe.check_lease(t1)
+                except Exception:
+                    pass
                 return r
         else:
             def hook(args, kwargs):
@@ -314,9 +345,7 @@ class _Probe:
 
     def on_start(self, code, offset):
         try:
-            watch = self.by_code.get(code)
-            if watch is None:
-                return
+            watch = self.by_code[code]
             x = None
             if watch.extract is not None:
                 try:
@@ -328,7 +357,7 @@ class _Probe:
             stack = self.stacks.get(ident)
             if stack is None:
                 stack = self.stacks[ident] = []
-            stack.append((code, x, _mono()))
+            stack.append((watch, x, _mono()))
         except Exception:
             pass
 
@@ -337,9 +366,9 @@ class _Probe:
             t1 = _mono()
             stack = self.stacks.get(_get_ident())
             while stack:
-                c, x, t0 = stack.pop()
-                if c is code:
-                    self.emit(self.by_code[code], t0, t1, exc, x)
+                watch, x, t0 = stack.pop()
+                if watch.code is code:
+                    self.emit(watch, t0, t1, exc, x)
                     return
         except Exception:
             pass
@@ -381,6 +410,12 @@ class _Probe:
         func = value
         if not hasattr(func, "__code__"):
             raise LookupError("%s:%s is a %s, not a Python function" % (module_name, qualname, type(value).__name__))
+        named = [p for p in parts if p != "__wrapped__"][-1]
+        if hasattr(func, "__wrapped__") and func.__code__.co_name != named:
+            # A decorator's wrapper: its code object is shared by everything it wraps.
+            raise LookupError("%s:%s is wrapped by a decorator (its code is %s); watch %s:%s.__wrapped__ to time "
+                              "the function itself" % (module_name, qualname, func.__code__.co_name, module_name,
+                                                       qualname))
         if func.__code__.co_flags & (0x20 | 0x80 | 0x200):
             raise LookupError("%s:%s is a generator or coroutine; stallscope times plain functions only" % (
                 module_name, qualname))
@@ -472,6 +507,7 @@ class _Probe:
                 self.unwatch_all()
                 self.close_ring()
             self.ring = _Ring(req["ring"])
+            self.write = self.ring.writer()
         self.lease_ns = int(req.get("lease_ns", self.lease_ns))
         self.expire_pending = False
         specs = list(req.get("specs", []))
