@@ -57,8 +57,8 @@ enum Command {
         #[arg(long)]
         pid: Vec<u32>,
     },
-    /// Account every thread of a process over a window: on-CPU, run-queue wait, blocked
-    /// time, context switches, top syscalls.
+    /// Account every thread of a process over a window (on-CPU, run-queue wait, blocked
+    /// time, context switches, top syscalls) and time its watched Python functions.
     Probe(probe_cmd::ProbeArgs),
     /// Print the Python stack of every thread of a process (a hang dump), sampled with py-spy
     /// without pausing it.

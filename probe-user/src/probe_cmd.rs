@@ -100,7 +100,7 @@ pub async fn run(args: &ProbeArgs, paths: &KernelPaths) -> Result<()> {
     let mut capture = match Capture::start(pid as i32, &request)? {
         Ok(c) => Some(c),
         Err(why) => {
-            notes.push(format!("python plane off: {why}"));
+            notes.extend(why.map(|w| format!("python plane off: {w}")));
             None
         }
     };

@@ -46,9 +46,13 @@ pub struct PythonReport {
 }
 
 impl Capture {
-    /// Attaches. Returns `Ok(None)` with a reason when the user did not ask for the Python plane explicitly and
-    /// the target has nothing for it (not Python, no profile matched).
-    pub fn start(pid: i32, req: &PythonRequest) -> Result<std::result::Result<Capture, String>> {
+    /// Attaches. When the user did not ask for the Python plane explicitly (no `--watch`, framework `auto`),
+    /// failing to attach is not an error: it returns `Err` with a note for the report, or with `None` when the
+    /// target is simply not a Python process.
+    pub fn start(
+        pid: i32,
+        req: &PythonRequest,
+    ) -> Result<std::result::Result<Capture, Option<String>>> {
         let explicit = !req.watch.is_empty() || req.framework != "auto";
         let framework = match req.framework.as_str() {
             "auto" => Framework::Auto,
@@ -65,9 +69,8 @@ impl Capture {
                 session,
                 records: Vec::new(),
             })),
-            Err(e @ (PyError::NotPython { .. } | PyError::Probe(_))) if !explicit => {
-                Ok(Err(e.to_string()))
-            }
+            Err(PyError::NotPython { .. }) if !explicit => Ok(Err(None)),
+            Err(e) if !explicit => Ok(Err(Some(e.to_string()))),
             Err(e) => Err(e.into()),
         }
     }
