@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use object::{Object, ObjectSegment, ObjectSymbol};
 
-use crate::maps::{self, Mapping};
+use crate::maps::Mapping;
 
 /// Symbols of one mapped ELF file, relocated to where the target mapped it.
 #[derive(Debug)]
@@ -71,22 +71,4 @@ pub fn load_module(
         bias,
         symbols,
     }))
-}
-
-/// Finds `name` in any module mapped executable in `pid` (libraries first, in map order).
-pub fn find_any(pid: i32, name: &str) -> std::io::Result<Option<u64>> {
-    let mappings = maps::read(pid)?;
-    let mut seen = std::collections::HashSet::new();
-    for m in &mappings {
-        if !seen.insert(m.path.clone()) {
-            continue;
-        }
-        let Ok(Some(module)) = load_module(pid, &mappings, |x| x.path == m.path) else {
-            continue;
-        };
-        if let Some(addr) = module.symbol(name) {
-            return Ok(Some(addr));
-        }
-    }
-    Ok(None)
 }
