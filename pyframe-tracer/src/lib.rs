@@ -15,6 +15,7 @@ pub mod inject;
 pub mod maps;
 pub mod memory;
 pub mod pep768;
+pub mod procfs;
 pub mod profiles;
 pub mod python;
 pub mod remote_call;

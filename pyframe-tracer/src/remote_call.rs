@@ -31,6 +31,7 @@ use nix::unistd::Pid;
 
 use crate::error::{Error, Result};
 use crate::memory::{ProcessMemory, RemoteMemory};
+use crate::procfs;
 
 /// Syscalls in which a thread holds no user-space lock we could need: it is waiting for I/O, time or a child.
 /// (x86-64 numbers.) futex is deliberately absent: a thread in futex may be inside malloc or the loader.
@@ -349,15 +350,8 @@ fn syscall_label(nr: i64) -> String {
 
 /// Refuses early, with the right message, when the target cannot be traced.
 fn check_traceable(pid: i32) -> Result<()> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(|_| Error::NoSuchProcess(pid))?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.trim().to_string())
-    };
-    let tracer: i32 = field("TracerPid:")
+    let status = procfs::status(pid)?;
+    let tracer: i32 = procfs::status_field(&status, "TracerPid")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     if tracer != 0 {

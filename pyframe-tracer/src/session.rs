@@ -10,6 +10,7 @@ use serde_json::json;
 
 use crate::error::{Error, Result};
 use crate::inject::{self, QueueCost};
+use crate::procfs;
 use crate::profiles::{Profile, Role};
 use crate::python::{self, PythonRuntime};
 use crate::remote_call;
@@ -386,16 +387,13 @@ fn ring_location(pid: i32) -> Result<(PathBuf, String)> {
 
 /// Makes the ring file readable and writable by the target's user only.
 fn give_to_target(pid: i32, path: &std::path::Path) -> Result<()> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(|_| Error::NoSuchProcess(pid))?;
+    let status = procfs::status(pid)?;
     let id = |key: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
+        procfs::status_field(&status, key)
             .and_then(|v| v.split_whitespace().nth(1))
             .and_then(|v| v.parse::<u32>().ok())
     };
-    let (uid, gid) = (id("Uid:"), id("Gid:"));
+    let (uid, gid) = (id("Uid"), id("Gid"));
     std::os::unix::fs::chown(path, uid, gid)
         .map_err(|e| Error::io(format!("giving {} to the target's user", path.display()), e))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
