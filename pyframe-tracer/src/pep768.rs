@@ -582,19 +582,19 @@ pub fn request_script(
     path.extend_from_slice(script_path.as_bytes());
     path.push(0);
     let path_addr = offsets.path_addr(tstate);
-    mem.write(path_addr, &path)
-        .map_err(|error| Pep768Error::Write {
-            what: "the script path (remote_debugger_support.debugger_script_path)",
-            addr: path_addr,
-            error,
-        })?;
+    write(
+        mem,
+        path_addr,
+        &path,
+        "the script path (remote_debugger_support.debugger_script_path)",
+    )?;
     let pending = offsets.pending_addr(tstate);
-    mem.write(pending, &1i32.to_le_bytes())
-        .map_err(|error| Pep768Error::Write {
-            what: "remote_debugger_support.debugger_pending_call",
-            addr: pending,
-            error,
-        })?;
+    write(
+        mem,
+        pending,
+        &1i32.to_le_bytes(),
+        "remote_debugger_support.debugger_pending_call",
+    )?;
 
     // The target updates eval_breaker with atomic ORs/ANDs; from outside only a read-modify-write is
     // possible, as in CPython. Skipping the write when the bit is already set narrows the window in which a
@@ -602,15 +602,12 @@ pub fn request_script(
     let breaker_addr = tstate + offsets.eval_breaker;
     let breaker = read_u64(mem, breaker_addr, "PyThreadState.eval_breaker")?;
     if breaker & EVAL_PLEASE_STOP_BIT == 0 {
-        mem.write(
+        write(
+            mem,
             breaker_addr,
             &(breaker | EVAL_PLEASE_STOP_BIT).to_le_bytes(),
-        )
-        .map_err(|error| Pep768Error::Write {
-            what: "PyThreadState.eval_breaker",
-            addr: breaker_addr,
-            error,
-        })?;
+            "PyThreadState.eval_breaker",
+        )?;
     }
     Ok(tstate)
 }
@@ -655,20 +652,30 @@ pub fn cancel(
         return Ok(false);
     }
     let path_addr = offsets.path_addr(tstate);
-    mem.write(path_addr, &[0])
-        .map_err(|error| Pep768Error::Write {
-            what: "the script path (remote_debugger_support.debugger_script_path)",
-            addr: path_addr,
-            error,
-        })?;
+    write(
+        mem,
+        path_addr,
+        &[0],
+        "the script path (remote_debugger_support.debugger_script_path)",
+    )?;
     let pending = offsets.pending_addr(tstate);
-    mem.write(pending, &0i32.to_le_bytes())
-        .map_err(|error| Pep768Error::Write {
-            what: "remote_debugger_support.debugger_pending_call",
-            addr: pending,
-            error,
-        })?;
+    write(
+        mem,
+        pending,
+        &0i32.to_le_bytes(),
+        "remote_debugger_support.debugger_pending_call",
+    )?;
     Ok(true)
+}
+
+fn write(
+    mem: &impl RemoteMemory,
+    addr: u64,
+    data: &[u8],
+    what: &'static str,
+) -> Result<(), Pep768Error> {
+    mem.write(addr, data)
+        .map_err(|error| Pep768Error::Write { what, addr, error })
 }
 
 fn read_u64(mem: &impl RemoteMemory, addr: u64, what: &'static str) -> Result<u64, Pep768Error> {
