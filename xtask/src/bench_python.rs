@@ -3,7 +3,6 @@
 
 use std::{
     io::{BufRead, BufReader, Lines},
-    path::PathBuf,
     process::{Child, ChildStdout, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -14,25 +13,6 @@ use pyframe_tracer::{ring::Record, ring::Ring, AttachOptions, Framework, Session
 const VERSIONS: [&str; 4] = ["3.10", "3.11", "3.12", "3.13"];
 const PAIRS: usize = 5;
 
-fn python(version: &str) -> Result<PathBuf> {
-    let root = std::env::var_os("PYENV_ROOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".pyenv"));
-    std::fs::read_dir(root.join("versions"))?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            let name = p
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
-            name.starts_with(&format!("{version}.")) && !name[version.len() + 1..].contains('.')
-        })
-        .map(|p| p.join("bin/python3"))
-        .with_context(|| format!("CPython {version} not in pyenv (run cargo xtask setup)"))
-}
-
 struct Target {
     child: Child,
     lines: Lines<BufReader<ChildStdout>>,
@@ -42,7 +22,10 @@ struct Target {
 impl Target {
     fn start(version: &str) -> Result<Target> {
         let script = crate::root().join("tests/targets/py_bench.py");
-        let mut child = Command::new(python(version)?)
+        let mut child =
+            Command::new(crate::setup::pyenv_python(version).with_context(|| {
+                format!("CPython {version} not in pyenv (run cargo xtask setup)")
+            })?)
             .arg(script)
             .stdout(Stdio::piped())
             .spawn()?;

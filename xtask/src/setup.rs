@@ -167,22 +167,25 @@ fn pyenv_root() -> PathBuf {
         })
 }
 
+/// The interpreter of pyenv's `major.minor` install (a release `X.Y.Z`, not a dev or suffixed build).
+pub fn pyenv_python(version: &str) -> Option<PathBuf> {
+    let prefix = format!("{version}.");
+    fs::read_dir(pyenv_root().join("versions"))
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            name.starts_with(&prefix) && !name[prefix.len()..].contains('.')
+        })
+        .map(|dir| dir.join("bin/python3"))
+}
+
 /// Makes sure pyenv has every test target's CPython, installing the missing ones (latest patch release).
 fn python_targets() -> Result<()> {
     let root = pyenv_root();
-    let installed: Vec<String> = fs::read_dir(root.join("versions"))
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
     for version in PYTHON_TARGETS {
-        let prefix = format!("{version}.");
-        if installed
-            .iter()
-            .any(|v| v.starts_with(&prefix) && !v[prefix.len()..].contains('.'))
-        {
+        if pyenv_python(version).is_some() {
             continue;
         }
         let pyenv = root.join("bin/pyenv");
