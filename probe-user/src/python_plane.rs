@@ -83,24 +83,26 @@ impl Capture {
     /// Drains, detaches and builds the report. `target_gone` skips the detach request.
     pub fn finish(mut self, target_gone: bool) -> Result<PythonReport> {
         self.poll();
-        let lost_records = self.session.lost_records();
-        let calls = self.records.iter().map(|r| self.session.call(r)).collect();
-        let report = PythonReport {
+        let Capture { session, records } = self;
+        let calls = records.iter().map(|r| session.call(r)).collect();
+        let lost_records = session.lost_records();
+        let framework = session.framework.clone();
+        let python = session.runtime().version_string();
+        let probes = session.probes.clone();
+        let warnings = session.warnings.clone();
+        let pause = if target_gone {
+            session.pause
+        } else {
+            session.detach()?
+        };
+        Ok(PythonReport {
             calls,
             lost_records,
-            framework: self.session.framework.clone(),
-            python: self.session.runtime().version_string(),
-            probes: self.session.probes.clone(),
-            max_pause_us: 0,
-            warnings: self.session.warnings.clone(),
-        };
-        let pause = self.session.pause;
-        if !target_gone {
-            self.session.detach()?;
-        }
-        Ok(PythonReport {
+            framework,
+            python,
+            probes,
             max_pause_us: pause.as_micros() as u64,
-            ..report
+            warnings,
         })
     }
 }
@@ -121,7 +123,7 @@ pub fn render_summary(r: &PythonReport) -> String {
         "FUNCTION", "CALLS", "P50", "P99", "MAX"
     );
     for p in &r.probes {
-        let func = p.spec.split('[').next().unwrap_or(&p.spec);
+        let func = p.func();
         let mut d: Vec<u64> = r
             .calls
             .iter()

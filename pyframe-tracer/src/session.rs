@@ -82,6 +82,13 @@ pub struct ProbeInfo {
     pub role: String,
 }
 
+impl ProbeInfo {
+    /// The watched function, `module:qualname` (the spec without its field list).
+    pub fn func(&self) -> &str {
+        self.spec.split('[').next().unwrap_or(&self.spec)
+    }
+}
+
 #[derive(Debug, Deserialize)]
 struct Response {
     ok: bool,
@@ -128,7 +135,7 @@ pub struct Session {
     pub framework: Option<String>,
     /// Optional profile functions that could not be watched.
     pub warnings: Vec<String>,
-    /// How long the attach stopped a thread of the target.
+    /// Longest time a request of this session (the attach, so far) stopped a thread of the target.
     pub pause: Duration,
 }
 
@@ -284,10 +291,7 @@ impl Session {
     /// Decodes a record with this session's probe table.
     pub fn call(&self, r: &Record) -> Call {
         let probe = self.probes.iter().find(|p| p.id == r.probe);
-        let func = probe.map_or_else(
-            || format!("probe#{}", r.probe),
-            |p| p.spec.split('[').next().unwrap_or(&p.spec).to_string(),
-        );
+        let func = probe.map_or_else(|| format!("probe#{}", r.probe), |p| p.func().to_string());
         let args = probe
             .map(|p| {
                 p.fields
@@ -308,8 +312,10 @@ impl Session {
     }
 
     /// Restores every watched function, frees the monitoring tool id and unmaps the ring in the target.
-    pub fn detach(mut self) -> Result<()> {
-        self.detach_request()
+    /// Returns the longest time a thread of the target was stopped over the session, detach included.
+    pub fn detach(mut self) -> Result<Duration> {
+        self.detach_request()?;
+        Ok(self.pause)
     }
 
     fn detach_request(&mut self) -> Result<()> {
