@@ -10,7 +10,7 @@ use std::{
 use serde_json::Value;
 
 mod common;
-use common::{expect_failure, require_root, stallscope};
+use common::{expect_failure, require_root, stallscope, stallscope_unprivileged};
 
 /// A running workload process, killed on drop.
 struct Workload {
@@ -294,19 +294,13 @@ fn target_exit_during_probe_gives_partial_result() {
 fn no_privileges_is_a_clear_error() {
     require_root();
     let w = Workload::start(&["hog", "--cpu", "0"]);
-    let bin = stallscope().get_program().to_owned();
-    let err = expect_failure(
-        Command::new("setpriv")
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "--inh-caps=-all",
-                "--bounding-set=-all",
-            ])
-            .arg(bin)
-            .args(["probe", "--pid", &w.pid().to_string(), "--duration", "1s"]),
-    );
+    let err = expect_failure(stallscope_unprivileged().args([
+        "probe",
+        "--pid",
+        &w.pid().to_string(),
+        "--duration",
+        "1s",
+    ]));
     assert!(
         err.contains("missing privileges") && err.contains("CAP_BPF"),
         "{err}"

@@ -14,7 +14,7 @@ use pyframe_tracer::{AttachOptions, Error, Framework, Session};
 use serde_json::Value;
 
 mod common;
-use common::{expect_failure, require_root, stallscope};
+use common::{expect_failure, require_root, stallscope, stallscope_unprivileged};
 
 const VERSIONS: [&str; 4] = ["3.10", "3.11", "3.12", "3.13"];
 const SPEC: &str =
@@ -514,18 +514,13 @@ fn error_target_already_traced() {
 fn error_ptrace_not_permitted_without_privileges() {
     require_root();
     let target = Target::start("3.11", &["sleep"]);
-    let bin = stallscope().get_program().to_owned();
-    let err = expect_failure(
-        Command::new("setpriv")
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "--inh-caps=-all",
-            ])
-            .arg(bin)
-            .args(["probe", "--pid", &target.pid.to_string(), "--watch", SPEC]),
-    );
+    let err = expect_failure(stallscope_unprivileged().args([
+        "probe",
+        "--pid",
+        &target.pid.to_string(),
+        "--watch",
+        SPEC,
+    ]));
     assert!(
         err.contains("not permitted") && err.contains("CAP_SYS_PTRACE"),
         "{err}"

@@ -35,3 +35,17 @@ pub fn expect_failure(cmd: &mut Command) -> String {
     assert!(!out.status.success(), "{cmd:?} should have failed");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
+
+/// `stallscope` run as nobody with no capabilities at all (setpriv), for the missing-privilege errors.
+pub fn stallscope_unprivileged() -> Command {
+    let mut c = Command::new("setpriv");
+    c.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+    ])
+    .arg(stallscope().get_program());
+    c
+}
