@@ -1,0 +1,78 @@
+//! Finds the iteration anchor of an unknown framework: the watched function that is called
+//! often and whose duration is stable (LatencyPrism §4.2.1). Known frameworks name it in
+//! their profile instead.
+
+use serde::Serialize;
+
+/// What was observed of one candidate function over a window.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallStats {
+    /// The function.
+    pub func: String,
+    /// Calls in the window.
+    pub calls: u64,
+    /// Mean duration, ns.
+    pub mean_ns: f64,
+    /// Coefficient of variation of the duration.
+    pub cv: f64,
+}
+
+impl CallStats {
+    /// Builds the statistics from a function's call durations (ns).
+    pub fn from_durations(func: &str, durations_ns: &[u64]) -> Self {
+        let n = durations_ns.len().max(1) as f64;
+        let mean = durations_ns.iter().map(|&d| d as f64).sum::<f64>() / n;
+        let var = durations_ns
+            .iter()
+            .map(|&d| (d as f64 - mean).powi(2))
+            .sum::<f64>()
+            / n;
+        Self {
+            func: func.to_string(),
+            calls: durations_ns.len() as u64,
+            mean_ns: mean,
+            cv: if mean > 0.0 {
+                var.sqrt() / mean
+            } else {
+                f64::INFINITY
+            },
+        }
+    }
+}
+
+/// Picks the anchor: among functions called at least `min_calls` times with a mean
+/// duration of at least `min_mean_ns` (an iteration runs a model forward, not a helper),
+/// the one with the most calls per unit of variability, `calls / (1 + cv)`. Returns its
+/// index in `candidates`.
+pub fn discover(candidates: &[CallStats], min_calls: u64, min_mean_ns: f64) -> Option<usize> {
+    candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.calls >= min_calls && c.mean_ns >= min_mean_ns && c.cv.is_finite())
+        .max_by(|(_, a), (_, b)| {
+            let sa = a.calls as f64 / (1.0 + a.cv);
+            let sb = b.calls as f64 / (1.0 + b.cv);
+            sa.total_cmp(&sb)
+        })
+        .map(|(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefers_frequent_stable_forward_sized_calls() {
+        let step = CallStats::from_durations("m:step", &[30_000_000; 100]);
+        // As frequent but erratic (a request handler).
+        let erratic: Vec<u64> = (0..100).map(|i| 1_000_000 + i * i * 100_000).collect();
+        let handler = CallStats::from_durations("m:handle", &erratic);
+        // More frequent, but a tiny helper.
+        let helper = CallStats::from_durations("m:helper", &[2_000; 1000]);
+        // Stable but rare (startup).
+        let load = CallStats::from_durations("m:load", &[900_000_000; 2]);
+        let all = [handler, helper, step, load];
+        assert_eq!(discover(&all, 20, 1_000_000.0), Some(2));
+        assert_eq!(discover(&all[..1], 200, 1_000_000.0), None);
+    }
+}

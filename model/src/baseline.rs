@@ -1,0 +1,302 @@
+//! The fitted baseline: the GBDT that predicts a decode iteration's duration from its
+//! workload, and the upper control limit (UCL) of its positive prediction error, computed
+//! from out-of-fold residuals (in-sample residuals understate sigma by 5–40 %).
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    eval::{accuracy, Accuracy},
+    features::Workload,
+    gbdt::{Gbdt, GbdtParams},
+    ModelError,
+};
+
+/// Version of the persisted model format.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One healthy iteration: its workload and measured duration.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    /// What the iteration computed.
+    pub workload: Workload,
+    /// How long it took, µs.
+    pub duration_us: f64,
+}
+
+/// Baseline fitting parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BaselineParams {
+    /// The regressor's parameters.
+    pub gbdt: GbdtParams,
+    /// Folds for the out-of-fold residuals (contiguous blocks, so neighbours in time stay
+    /// together).
+    pub folds: usize,
+    /// UCL = min(μ + k·σ, θmax).
+    pub k_sigma: f64,
+    /// Ceiling of the UCL (a relative error, 0.5 = 50 %).
+    pub theta_max: f64,
+    /// ε of the error E = max(0, (y − ŷ)/(y + ε)), µs.
+    pub epsilon_us: f64,
+}
+
+impl Default for BaselineParams {
+    fn default() -> Self {
+        Self {
+            gbdt: GbdtParams::default(),
+            folds: 5,
+            k_sigma: 3.0,
+            theta_max: 0.5,
+            epsilon_us: 1.0,
+        }
+    }
+}
+
+/// Identifies what a baseline was fitted for; a model is reused only for the same one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Fingerprint {
+    /// Framework profile (`vllm`, `sglang`, ...).
+    pub framework: String,
+    /// Served model (its name or path).
+    pub model: String,
+    /// Hardware the engine runs on (CPU model and count, GPUs).
+    pub hardware: String,
+}
+
+impl Fingerprint {
+    /// A file-name-safe key.
+    pub fn key(&self) -> String {
+        let raw = format!("{}-{}-{}", self.framework, self.model, self.hardware);
+        let mut h: u64 = 0xcbf29ce484222325;
+        for b in raw.bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x100000001b3);
+        }
+        let slug: String = self
+            .framework
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        format!("{slug}-{h:016x}")
+    }
+}
+
+/// The control limit and the statistics it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Ucl {
+    /// Mean of the out-of-fold errors E.
+    pub mean: f64,
+    /// Their standard deviation.
+    pub sigma: f64,
+    /// k of μ + kσ.
+    pub k_sigma: f64,
+    /// θmax.
+    pub theta_max: f64,
+    /// min(μ + kσ, θmax).
+    pub limit: f64,
+}
+
+/// A fitted baseline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Baseline {
+    /// [`FORMAT_VERSION`] when written.
+    pub format: u32,
+    /// What it was fitted for.
+    pub fingerprint: Fingerprint,
+    /// Training samples.
+    pub samples: usize,
+    /// Out-of-fold accuracy on the training samples.
+    pub oof_accuracy: Accuracy,
+    /// ε of the error, µs.
+    pub epsilon_us: f64,
+    /// The control limit.
+    pub ucl: Ucl,
+    /// The regressor.
+    pub gbdt: Gbdt,
+}
+
+/// The positive prediction error E = max(0, (y − ŷ)/(y + ε)): only slower-than-predicted
+/// counts.
+#[inline]
+pub fn positive_error(actual_us: f64, predicted_us: f64, epsilon_us: f64) -> f64 {
+    ((actual_us - predicted_us) / (actual_us + epsilon_us)).max(0.0)
+}
+
+fn fit_gbdt(samples: &[Sample], params: &GbdtParams) -> Result<Gbdt, ModelError> {
+    let x: Vec<Vec<f64>> = samples
+        .iter()
+        .map(|s| s.workload.features().to_vec())
+        .collect();
+    let y: Vec<f64> = samples.iter().map(|s| s.duration_us).collect();
+    Gbdt::fit(&x, &y, params)
+}
+
+impl Baseline {
+    /// Fits the regressor on every sample and the UCL on its out-of-fold errors.
+    pub fn fit(
+        samples: &[Sample],
+        params: &BaselineParams,
+        fingerprint: Fingerprint,
+    ) -> Result<Baseline, ModelError> {
+        let folds = params.folds.max(2);
+        if samples.len() < folds * 2 {
+            return Err(ModelError::Training(format!(
+                "{} samples are too few for {folds}-fold residuals",
+                samples.len()
+            )));
+        }
+        let mut oof = vec![0.0; samples.len()];
+        for f in 0..folds {
+            let (lo, hi) = (f * samples.len() / folds, (f + 1) * samples.len() / folds);
+            let train: Vec<Sample> = samples[..lo]
+                .iter()
+                .chain(&samples[hi..])
+                .copied()
+                .collect();
+            let m = fit_gbdt(&train, &params.gbdt)?;
+            for i in lo..hi {
+                oof[i] = m.predict(&samples[i].workload.features());
+            }
+        }
+        let actual: Vec<f64> = samples.iter().map(|s| s.duration_us).collect();
+        let errors: Vec<f64> = actual
+            .iter()
+            .zip(&oof)
+            .map(|(&a, &p)| positive_error(a, p, params.epsilon_us))
+            .collect();
+        let n = errors.len() as f64;
+        let mean = errors.iter().sum::<f64>() / n;
+        let sigma = (errors.iter().map(|e| (e - mean) * (e - mean)).sum::<f64>() / n).sqrt();
+        Ok(Baseline {
+            format: FORMAT_VERSION,
+            fingerprint,
+            samples: samples.len(),
+            oof_accuracy: accuracy(&actual, &oof),
+            epsilon_us: params.epsilon_us,
+            ucl: Ucl {
+                mean,
+                sigma,
+                k_sigma: params.k_sigma,
+                theta_max: params.theta_max,
+                limit: (mean + params.k_sigma * sigma).min(params.theta_max),
+            },
+            gbdt: fit_gbdt(samples, &params.gbdt)?,
+        })
+    }
+
+    /// Predicted duration of an iteration, µs.
+    #[inline]
+    pub fn predict(&self, w: &Workload) -> f64 {
+        self.gbdt.predict(&w.features())
+    }
+
+    /// The model as JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a baseline always serialises")
+    }
+
+    /// Reads a model written by [`Baseline::to_json`], checking everything prediction relies on.
+    pub fn from_json(text: &str) -> Result<Baseline, ModelError> {
+        let b: Baseline =
+            serde_json::from_str(text).map_err(|e| ModelError::Corrupt(e.to_string()))?;
+        if b.format != FORMAT_VERSION {
+            return Err(ModelError::Corrupt(format!(
+                "format {} is not the supported {FORMAT_VERSION}",
+                b.format
+            )));
+        }
+        if b.gbdt.n_features != Workload::default().features().len() {
+            return Err(ModelError::Corrupt(format!(
+                "the regressor takes {} features, not {}",
+                b.gbdt.n_features,
+                Workload::default().features().len()
+            )));
+        }
+        if ![b.ucl.limit, b.ucl.mean, b.ucl.sigma, b.epsilon_us]
+            .iter()
+            .all(|v| v.is_finite())
+        {
+            return Err(ModelError::Corrupt("the UCL is not finite".into()));
+        }
+        b.gbdt.validate()?;
+        Ok(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn synthetic(n: usize, seed: u64) -> Vec<Sample> {
+        let mut s = seed | 1;
+        let mut rnd = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 53) as f64
+        };
+        (0..n)
+            .map(|_| {
+                let batch = (1.0 + rnd() * 31.0).round();
+                let input_len = 16.0 + rnd() * 500.0;
+                let output_len = rnd() * 256.0;
+                let w = Workload {
+                    batch,
+                    input_len,
+                    output_len,
+                    tokens: batch,
+                };
+                let clean = 25_000.0 + 400.0 * batch + 0.08 * batch * (input_len + output_len);
+                Sample {
+                    workload: w,
+                    duration_us: clean * (1.0 + 0.03 * (rnd() - 0.5)),
+                }
+            })
+            .collect()
+    }
+
+    fn fp() -> Fingerprint {
+        Fingerprint {
+            framework: "vllm".into(),
+            model: "m".into(),
+            hardware: "h".into(),
+        }
+    }
+
+    #[test]
+    fn fits_and_sets_a_tight_ucl() {
+        let b = Baseline::fit(&synthetic(3000, 7), &BaselineParams::default(), fp()).unwrap();
+        assert!(b.oof_accuracy.mape_pct < 3.0, "{:?}", b.oof_accuracy);
+        assert!(b.ucl.limit > b.ucl.mean && b.ucl.limit < 0.1, "{:?}", b.ucl);
+        let w = synthetic(1, 99)[0];
+        let p = b.predict(&w.workload);
+        assert!(((p - w.duration_us) / w.duration_us).abs() < 0.05);
+    }
+
+    #[test]
+    fn json_round_trip_and_corruption() {
+        let b = Baseline::fit(&synthetic(500, 3), &BaselineParams::default(), fp()).unwrap();
+        let text = b.to_json();
+        assert_eq!(Baseline::from_json(&text).unwrap(), b);
+        assert!(Baseline::from_json(&text[..text.len() / 2]).is_err());
+        let wrong = text.replacen("\"format\":1", "\"format\":9", 1);
+        assert!(matches!(
+            Baseline::from_json(&wrong),
+            Err(ModelError::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn positive_error_ignores_faster_iterations() {
+        assert_eq!(positive_error(100.0, 150.0, 1.0), 0.0);
+        assert!((positive_error(200.0, 100.0, 0.0) - 0.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn fingerprint_key_is_stable_and_safe() {
+        let k = fp().key();
+        assert_eq!(k, fp().key());
+        assert!(k
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+    }
+}

@@ -1,0 +1,329 @@
+//! The sentinel's per-iteration loop: warm up on healthy decode iterations, fit, then
+//! predict each iteration, track its error against the UCL, and refit periodically on
+//! iterations that were not under alert. Fitting itself is left to the caller
+//! ([`Sentinel::take_training`] / [`Sentinel::install`]) so it can run off the hot path.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    baseline::{positive_error, Baseline, BaselineParams, Fingerprint, Sample},
+    detector::{Detector, DetectorParams, Transition},
+    features::Workload,
+    stage::Stage,
+};
+
+/// Sentinel parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SentinelParams {
+    /// Regressor and UCL.
+    pub baseline: BaselineParams,
+    /// Moving window and hysteresis.
+    pub detector: DetectorParams,
+    /// Healthy iterations collected before the first fit.
+    pub warmup_samples: usize,
+    /// Refit after this many new healthy iterations (0: never).
+    pub refit_every: usize,
+    /// Training set cap (the most recent healthy iterations).
+    pub max_training_samples: usize,
+    /// Also model and alert on prefill and mixed iterations (default: decode only).
+    pub alert_on_prefill: bool,
+}
+
+impl Default for SentinelParams {
+    fn default() -> Self {
+        Self {
+            baseline: BaselineParams::default(),
+            detector: DetectorParams::default(),
+            warmup_samples: 1000,
+            refit_every: 5000,
+            max_training_samples: 20_000,
+            alert_on_prefill: false,
+        }
+    }
+}
+
+/// One engine iteration as the sentinel sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Iteration {
+    /// CLOCK_MONOTONIC ns.
+    pub start_ns: u64,
+    /// CLOCK_MONOTONIC ns.
+    pub end_ns: u64,
+    /// Prefill, decode or mixed.
+    pub stage: Stage,
+    /// What it computed.
+    pub workload: Workload,
+}
+
+impl Iteration {
+    /// Duration, µs.
+    pub fn duration_us(&self) -> f64 {
+        self.end_ns.saturating_sub(self.start_ns) as f64 / 1e3
+    }
+}
+
+/// The sentinel's judgement of one iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Verdict {
+    /// Predicted duration, µs (once fitted, for modelled stages).
+    pub predicted_us: Option<f64>,
+    /// E = max(0, (y − ŷ)/(y + ε)).
+    pub error: Option<f64>,
+    /// Moving mean of E over the window.
+    pub moving_mean: Option<f64>,
+    /// The UCL it was compared with.
+    pub ucl: Option<f64>,
+    /// An alert started with this iteration.
+    pub alert_started: bool,
+    /// An alert ended with this iteration.
+    pub alert_ended: bool,
+}
+
+/// Where the model stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelState {
+    /// Collecting healthy samples before the first fit.
+    Warming,
+    /// A fit is running (the previous model, if any, is still used).
+    Fitting,
+    /// Predicting.
+    Fitted,
+}
+
+/// Per-engine sentinel state.
+#[derive(Debug)]
+pub struct Sentinel {
+    params: SentinelParams,
+    fingerprint: Fingerprint,
+    baseline: Option<Baseline>,
+    detector: Detector,
+    training: VecDeque<Sample>,
+    /// Recent healthy samples held back for one window: if an alert starts, they were
+    /// probably already abnormal and never reach the training set.
+    pending: VecDeque<Sample>,
+    since_fit: usize,
+    fitting: bool,
+}
+
+impl Sentinel {
+    /// A sentinel for `fingerprint`, starting from a persisted baseline if there is one.
+    pub fn new(
+        params: SentinelParams,
+        fingerprint: Fingerprint,
+        baseline: Option<Baseline>,
+    ) -> Self {
+        Self {
+            detector: Detector::new(params.detector),
+            params,
+            fingerprint,
+            baseline,
+            training: VecDeque::new(),
+            pending: VecDeque::new(),
+            since_fit: 0,
+            fitting: false,
+        }
+    }
+
+    /// Whether iterations of `stage` are modelled and alerted on.
+    pub fn models(&self, stage: Stage) -> bool {
+        stage == Stage::Decode || self.params.alert_on_prefill
+    }
+
+    /// Judges one iteration and updates the alert state and the training set.
+    pub fn observe(&mut self, it: &Iteration) -> Verdict {
+        if !self.models(it.stage) {
+            return Verdict::default();
+        }
+        let sample = Sample {
+            workload: it.workload,
+            duration_us: it.duration_us(),
+        };
+        if sample.duration_us <= 0.0 {
+            return Verdict::default();
+        }
+        let Some(b) = &self.baseline else {
+            self.add_training(sample);
+            return Verdict::default();
+        };
+        let predicted = b.predict(&it.workload);
+        let error = positive_error(sample.duration_us, predicted, b.epsilon_us);
+        let ucl = b.ucl.limit;
+        let (moving_mean, t) = self.detector.push(error, ucl);
+        if t == Transition::Started {
+            self.pending.clear();
+        }
+        if !self.detector.active() {
+            self.pending.push_back(sample);
+            while self.pending.len() > self.params.detector.window {
+                let s = self.pending.pop_front().expect("non-empty");
+                self.add_training(s);
+            }
+        }
+        Verdict {
+            predicted_us: Some(predicted),
+            error: Some(error),
+            moving_mean,
+            ucl: Some(ucl),
+            alert_started: t == Transition::Started,
+            alert_ended: t == Transition::Ended,
+        }
+    }
+
+    fn add_training(&mut self, s: Sample) {
+        self.training.push_back(s);
+        self.since_fit += 1;
+        while self.training.len() > self.params.max_training_samples.max(1) {
+            self.training.pop_front();
+        }
+    }
+
+    /// Whether a (re)fit should start now.
+    pub fn fit_due(&self) -> bool {
+        if self.fitting || self.detector.active() {
+            return false;
+        }
+        match self.baseline {
+            None => self.training.len() >= self.params.warmup_samples,
+            Some(_) => self.params.refit_every > 0 && self.since_fit >= self.params.refit_every,
+        }
+    }
+
+    /// Hands out the training set for a fit and marks one as running.
+    pub fn take_training(&mut self) -> Vec<Sample> {
+        self.fitting = true;
+        self.since_fit = 0;
+        self.training.iter().copied().collect()
+    }
+
+    /// Installs a freshly fitted baseline.
+    pub fn install(&mut self, baseline: Baseline) {
+        self.baseline = Some(baseline);
+        self.fitting = false;
+        self.detector.reset_window();
+    }
+
+    /// A fit failed; the previous state stays (it is retried after the next batch of samples).
+    pub fn fit_failed(&mut self) {
+        self.fitting = false;
+    }
+
+    /// Where the model stands.
+    pub fn state(&self) -> ModelState {
+        match (self.fitting, &self.baseline) {
+            (true, _) => ModelState::Fitting,
+            (false, None) => ModelState::Warming,
+            (false, Some(_)) => ModelState::Fitted,
+        }
+    }
+
+    /// The current baseline.
+    pub fn baseline(&self) -> Option<&Baseline> {
+        self.baseline.as_ref()
+    }
+
+    /// Healthy samples held for training.
+    pub fn training_samples(&self) -> usize {
+        self.training.len()
+    }
+
+    /// Whether an alert is open.
+    pub fn alerting(&self) -> bool {
+        self.detector.active()
+    }
+
+    /// What the models are fitted for.
+    pub fn fingerprint(&self) -> &Fingerprint {
+        &self.fingerprint
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &SentinelParams {
+        &self.params
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn it(t: u64, batch: f64, ctx: f64, slow: f64) -> Iteration {
+        let dur_us = (20_000.0 + 300.0 * batch + 0.05 * batch * ctx) * slow;
+        Iteration {
+            start_ns: t,
+            end_ns: t + (dur_us * 1e3) as u64,
+            stage: Stage::Decode,
+            workload: Workload {
+                batch,
+                input_len: ctx,
+                output_len: 0.0,
+                tokens: batch,
+            },
+        }
+    }
+
+    fn fp() -> Fingerprint {
+        Fingerprint {
+            framework: "t".into(),
+            model: "m".into(),
+            hardware: "h".into(),
+        }
+    }
+
+    #[test]
+    fn warms_up_fits_alerts_and_recovers() {
+        let params = SentinelParams {
+            warmup_samples: 400,
+            refit_every: 0,
+            ..SentinelParams::default()
+        };
+        let mut s = Sentinel::new(params, fp(), None);
+        let mut t = 0;
+        let mut next = |i: u64, slow: f64, s: &mut Sentinel| {
+            t += 50_000_000;
+            s.observe(&it(t, (1 + i % 32) as f64, (i * 37 % 900) as f64, slow))
+        };
+        for i in 0..399 {
+            assert_eq!(next(i, 1.0, &mut s), Verdict::default());
+        }
+        assert!(!s.fit_due());
+        next(399, 1.0, &mut s);
+        assert!(s.fit_due());
+        let data = s.take_training();
+        assert_eq!(s.state(), ModelState::Fitting);
+        s.install(Baseline::fit(&data, &params.baseline, fp()).unwrap());
+        assert_eq!(s.state(), ModelState::Fitted);
+        let mut started = None;
+        let mut ended = None;
+        for i in 0..200u64 {
+            let slow = if (50..80).contains(&i) { 1.6 } else { 1.0 };
+            let v = next(i + 400, slow, &mut s);
+            assert!(v.predicted_us.is_some());
+            if v.alert_started {
+                assert!(started.is_none(), "one alert per episode");
+                started = Some(i);
+            }
+            if v.alert_ended {
+                ended = Some(i);
+            }
+        }
+        let started = started.expect("the slowdown raises an alert");
+        assert!((50..56).contains(&started), "alert at {started}");
+        assert!(ended.expect("the alert ends") > 80);
+        assert!(!s.alerting());
+    }
+
+    #[test]
+    fn prefill_is_recorded_but_not_modelled_by_default() {
+        let mut s = Sentinel::new(SentinelParams::default(), fp(), None);
+        let mut p = it(0, 1.0, 100.0, 1.0);
+        p.stage = Stage::Prefill;
+        s.observe(&p);
+        assert_eq!(s.training_samples(), 0);
+        s.observe(&it(0, 1.0, 100.0, 1.0));
+        assert_eq!(s.training_samples(), 1);
+    }
+}
