@@ -1,13 +1,19 @@
 //! The one clock every plane shares: CLOCK_MONOTONIC in nanoseconds (what
-//! `bpf_ktime_get_ns` returns).
+//! `bpf_ktime_get_ns` returns and what the Python probe stamps with).
 
-/// Now, in ns on CLOCK_MONOTONIC.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+pub use pyframe_tracer::clock::monotonic_ns;
+
+/// CLOCK_REALTIME minus CLOCK_MONOTONIC, ns: add it to a monotonic stamp for wall-clock time.
+pub fn realtime_offset_ns() -> i128 {
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    wall - monotonic_ns() as i128
+}
+
+/// Now, ms since the epoch.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

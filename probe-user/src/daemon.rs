@@ -1,131 +1,283 @@
-//! `stallscope run`: the long-running sidecar. Watches the configured processes (by pid
-//! or by name pattern, rescanned periodically), logs their per-thread accounting, and
-//! detaches everything on SIGINT/SIGTERM.
+//! `stallscope run`: the long-running sidecar. Discovers engine processes (or takes
+//! `--pid`), attaches the Python probes and runs the sentinel on each, accounts their threads
+//! in the kernel, serves the HTTP API, re-attaches when an engine restarts, and detaches
+//! everything on SIGINT/SIGTERM.
 
-use std::collections::BTreeSet;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use log::{info, warn};
-use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
     accounting,
     config::Config,
+    engine::Engine,
+    export::IterationCsv,
     features::{Features, KernelPaths},
+    http,
     kernel_plane::{KernelPlane, Snapshot},
+    metrics::THREAD_STATES,
     procfs,
+    shared::Shared,
 };
 
+/// Wait before retrying an engine that could not be attached.
+const ATTACH_RETRY: Duration = Duration::from_secs(10);
+
 /// Runs the daemon until SIGINT or SIGTERM.
-pub async fn run(config: &Config, paths: &KernelPaths) -> Result<()> {
+pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
     let features = Features::detect(paths);
     features.require()?;
+    let listener = http::bind(cfg.http.listen)?;
+    let shared = Arc::new(Shared::new(&cfg.state.alerts_log())?);
+    let mut export = if cfg.state.iterations_csv.as_os_str().is_empty() {
+        None
+    } else {
+        Some(IterationCsv::create(&cfg.state.iterations_csv)?)
+    };
     let mut plane = KernelPlane::load(&features)?;
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    info!(
-        "stallscope running; watching pids {:?} and processes matching {:?}",
-        config.watch.pids, config.watch.process_patterns
-    );
-
-    let mut watched: BTreeSet<u32> = BTreeSet::new();
-    rescan(config, &mut plane, &mut watched);
-    let mut last = plane.snapshot();
-    let mut rescan_tick = tokio::time::interval(config.watch.rescan_interval);
-    let mut report_tick = tokio::time::interval(config.report.interval);
-    report_tick.tick().await;
-    loop {
-        tokio::select! {
-            _ = rescan_tick.tick() => rescan(config, &mut plane, &mut watched),
-            _ = report_tick.tick() => last = report(&mut plane, &watched, &last),
-            _ = sigint.recv() => { info!("SIGINT: stopping"); break; }
-            _ = sigterm.recv() => { info!("SIGTERM: stopping"); break; }
+    let mut daemon = Daemon {
+        cfg,
+        shared: shared.clone(),
+        engines: BTreeMap::new(),
+        retry_at: BTreeMap::new(),
+        watched: BTreeSet::new(),
+        threads: BTreeMap::new(),
+    };
+    // Engines named with --pid must attach now: a wrong pid is an error, not a retry.
+    for &pid in &cfg.watch.pids {
+        if !procfs::process_exists(pid) {
+            bail!("no process with pid {pid}: check the engine's pid (pgrep -f EngineCore)");
         }
+        let e = Engine::attach(pid, cfg)?;
+        daemon.engines.insert(pid, e);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let http_thread = {
+        let (shared, stop) = (shared.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("stallscope-http".into())
+            .spawn(move || http::serve(listener, shared, stop))?
+    };
+    info!(
+        "stallscope running: sentinel on engines matching {:?}{}, serving on http://{}",
+        cfg.sentinel.engine_patterns,
+        if cfg.watch.pids.is_empty() {
+            String::new()
+        } else {
+            format!(" and pids {:?}", cfg.watch.pids)
+        },
+        cfg.http.listen
+    );
+    let mut last = plane.snapshot();
+    let mut rescan_at = Instant::now();
+    let mut report_at = Instant::now() + cfg.report.interval;
+    while !stop.load(Ordering::SeqCst) {
+        if Instant::now() >= rescan_at {
+            daemon.rescan(&mut plane);
+            rescan_at = Instant::now() + cfg.watch.rescan_interval;
+        }
+        for e in daemon.engines.values_mut() {
+            e.tick(&shared, &mut export);
+        }
+        if Instant::now() >= report_at {
+            last = daemon.account(&mut plane, &last);
+            report_at = Instant::now() + cfg.report.interval;
+            if let Some(out) = &mut export {
+                let _ = out.flush();
+            }
+        }
+        std::thread::sleep(cfg.sentinel.poll_interval);
+    }
+    for (_, e) in std::mem::take(&mut daemon.engines) {
+        let threads = daemon.thread_labels(e.pid);
+        e.detach(&shared, &threads);
+    }
+    if let Some(out) = &mut export {
+        out.flush()?;
     }
     drop(plane);
     info!("probes detached; stallscope stopped");
-    Ok(())
+    match http_thread.join() {
+        Ok(r) => r,
+        Err(_) => bail!("the HTTP thread panicked"),
+    }
 }
 
-/// Adds processes that match the configuration and drops the ones that exited.
-fn rescan(config: &Config, plane: &mut KernelPlane, watched: &mut BTreeSet<u32>) {
-    let me = std::process::id();
-    let mut wanted: BTreeSet<u32> = config
-        .watch
-        .pids
+struct Daemon<'a> {
+    cfg: &'a Config,
+    shared: Arc<Shared>,
+    engines: BTreeMap<u32, Engine>,
+    /// Engines that failed to attach, and when to try again.
+    retry_at: BTreeMap<u32, Instant>,
+    /// Pids the kernel plane watches.
+    watched: BTreeSet<u32>,
+    /// (tid, comm) label pairs used per pid, to remove their series later.
+    threads: BTreeMap<u32, BTreeSet<(String, String)>>,
+}
+
+fn matches(pid: u32, patterns: &[String]) -> bool {
+    if patterns.is_empty() {
+        return false;
+    }
+    let comm = procfs::thread_comm(pid, pid).unwrap_or_default();
+    let cmd = procfs::cmdline(pid).unwrap_or_default();
+    patterns
         .iter()
-        .copied()
-        .filter(|p| procfs::process_exists(*p))
-        .collect();
-    if !config.watch.process_patterns.is_empty() {
-        for pid in procfs::all_pids() {
-            let comm = procfs::thread_comm(pid, pid).unwrap_or_default();
-            let cmd = procfs::cmdline(pid).unwrap_or_default();
-            let hit = config
-                .watch
-                .process_patterns
-                .iter()
-                .any(|p| comm.contains(p.as_str()) || cmd.contains(p.as_str()));
-            if hit && pid != me {
-                wanted.insert(pid);
-            }
-        }
-    }
-    for &pid in wanted.difference(&watched.clone()) {
-        match plane.watch(pid) {
-            Ok(()) => {
-                info!(
-                    "watching pid {pid} ({})",
-                    procfs::cmdline(pid).unwrap_or_default()
-                );
-                watched.insert(pid);
-            }
-            Err(e) => warn!("cannot watch pid {pid}: {e:#}"),
-        }
-    }
-    for pid in watched.clone().difference(&wanted) {
-        info!("pid {pid} is gone; no longer watched");
-        let _ = plane.unwatch(*pid);
-        watched.remove(pid);
-    }
-    if watched.is_empty() {
-        info!("watching nothing yet");
-    }
+        .any(|p| comm.contains(p.as_str()) || cmd.contains(p.as_str()))
 }
 
-/// Logs each watched thread's accounting since the previous report.
-fn report(plane: &mut KernelPlane, watched: &BTreeSet<u32>, last: &Snapshot) -> Snapshot {
-    let now = plane.snapshot();
-    let secs = (now.taken_ns - last.taken_ns) as f64 / 1e9;
-    let mut exited = Vec::new();
-    for &pid in watched {
-        for t in accounting::window(pid, last, &now, |tid, s| {
-            procfs::thread_comm(pid, tid)
-                .unwrap_or_else(|| accounting::comm_from_bytes(&s.exit_comm))
-        }) {
-            let top = t.top_syscalls(1);
-            info!(
-                "pid {pid} tid {} {:<16} on-cpu {:.1}ms runq {:.1}ms blocked {:.1}ms over {secs:.1}s{}",
-                t.tid,
-                t.comm,
-                t.on_cpu_ns as f64 / 1e6,
-                t.runq_wait_ns as f64 / 1e6,
-                t.blocked_ns as f64 / 1e6,
-                top.first()
-                    .map(|(n, s)| format!("; top syscall {n} {}x {:.1}ms", s.count, s.total_ns as f64 / 1e6))
-                    .unwrap_or_default()
-            );
-            if t.exited {
-                exited.push(t.tid);
+impl Daemon<'_> {
+    fn thread_labels(&self, pid: u32) -> Vec<(String, String)> {
+        self.threads
+            .get(&pid)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Follows processes coming and going: kernel-plane watches and sentinel engines.
+    fn rescan(&mut self, plane: &mut KernelPlane) {
+        let me = std::process::id();
+        let all: Vec<u32> = procfs::all_pids()
+            .into_iter()
+            .filter(|&p| p != me)
+            .collect();
+        let explicit = &self.cfg.watch.pids;
+        let engines: BTreeSet<u32> = if explicit.is_empty() {
+            all.iter()
+                .copied()
+                .filter(|&p| matches(p, &self.cfg.sentinel.engine_patterns))
+                .collect()
+        } else {
+            explicit
+                .iter()
+                .copied()
+                .filter(|&p| procfs::process_exists(p))
+                .collect()
+        };
+        let mut wanted: BTreeSet<u32> = all
+            .iter()
+            .copied()
+            .filter(|&p| matches(p, &self.cfg.watch.process_patterns))
+            .collect();
+        wanted.extend(&engines);
+        // Engines that exited, or whose probe removed itself: detach and forget.
+        let gone: Vec<u32> = self
+            .engines
+            .keys()
+            .copied()
+            .filter(|p| !engines.contains(p) || !procfs::process_exists(*p))
+            .collect();
+        for pid in gone {
+            info!("engine {pid} exited; waiting for it (or a restarted engine) to appear");
+            let threads = self.thread_labels(pid);
+            if let Some(e) = self.engines.remove(&pid) {
+                e.detach(&self.shared, &threads);
+            }
+        }
+        for &pid in &engines {
+            if self.engines.contains_key(&pid)
+                || self.retry_at.get(&pid).is_some_and(|t| Instant::now() < *t)
+            {
+                continue;
+            }
+            match Engine::attach(pid, self.cfg) {
+                Ok(e) => {
+                    self.retry_at.remove(&pid);
+                    self.shared.attach_errors.lock().expect("lock").remove(&pid);
+                    self.engines.insert(pid, e);
+                }
+                Err(e) => {
+                    warn!("{e:#} (retrying in {ATTACH_RETRY:?})");
+                    self.shared
+                        .attach_errors
+                        .lock()
+                        .expect("lock")
+                        .insert(pid, format!("{e:#}"));
+                    self.retry_at.insert(pid, Instant::now() + ATTACH_RETRY);
+                }
+            }
+        }
+        self.retry_at.retain(|p, _| engines.contains(p));
+        self.shared
+            .attach_errors
+            .lock()
+            .expect("lock")
+            .retain(|p, _| engines.contains(p));
+        for &pid in wanted.difference(&self.watched.clone()) {
+            match plane.watch(pid) {
+                Ok(()) => {
+                    info!(
+                        "kernel plane: watching pid {pid} ({})",
+                        procfs::cmdline(pid).unwrap_or_default()
+                    );
+                    self.watched.insert(pid);
+                }
+                Err(e) => warn!("kernel plane: cannot watch pid {pid}: {e:#}"),
+            }
+        }
+        for pid in self.watched.clone().difference(&wanted) {
+            let _ = plane.unwatch(*pid);
+            self.watched.remove(pid);
+            let threads = self.threads.remove(pid).unwrap_or_default();
+            for (tid, comm) in &threads {
+                for s in THREAD_STATES {
+                    let _ = self.shared.metrics.thread_seconds.remove_label_values(&[
+                        pid.to_string().as_str(),
+                        tid,
+                        comm,
+                        s,
+                    ]);
+                }
             }
         }
     }
-    if now.lost_events > last.lost_events {
-        warn!(
-            "{} deep-dive events lost since the last report",
-            now.lost_events - last.lost_events
-        );
+
+    /// Adds each watched thread's kernel time since `last` to the metrics.
+    fn account(&mut self, plane: &mut KernelPlane, last: &Snapshot) -> Snapshot {
+        let now = plane.snapshot();
+        let mut exited = Vec::new();
+        for &pid in &self.watched {
+            let p = pid.to_string();
+            for t in accounting::window(pid, last, &now, |tid, s| {
+                procfs::thread_comm(pid, tid)
+                    .unwrap_or_else(|| accounting::comm_from_bytes(&s.exit_comm))
+            }) {
+                let tid = t.tid.to_string();
+                for (state, ns) in
+                    THREAD_STATES
+                        .iter()
+                        .zip([t.on_cpu_ns, t.runq_wait_ns, t.blocked_ns])
+                {
+                    self.shared
+                        .metrics
+                        .thread_seconds
+                        .with_label_values(&[p.as_str(), tid.as_str(), t.comm.as_str(), state])
+                        .inc_by(ns as f64 / 1e9);
+                }
+                self.threads
+                    .entry(pid)
+                    .or_default()
+                    .insert((tid, t.comm.clone()));
+                if t.exited {
+                    exited.push(t.tid);
+                }
+            }
+        }
+        if now.lost_events > last.lost_events {
+            warn!(
+                "{} deep-dive events lost since the last report",
+                now.lost_events - last.lost_events
+            );
+        }
+        plane.forget_threads(&exited);
+        now
     }
-    plane.forget_threads(&exited);
-    now
 }

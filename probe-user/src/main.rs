@@ -8,11 +8,18 @@ mod clock;
 mod config;
 mod daemon;
 mod deep_dive;
+mod engine;
+mod export;
 mod features;
+mod http;
+mod iterations;
 mod kernel_plane;
+mod metrics;
+mod model_cmd;
 mod probe_cmd;
 mod procfs;
 mod python_plane;
+mod shared;
 mod syscall_names;
 
 use std::{path::PathBuf, process::ExitCode};
@@ -48,15 +55,28 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Start the daemon: watch the configured processes until SIGINT/SIGTERM.
+    /// Start the daemon: find the inference engines on this host, attach to them, run the
+    /// sentinel (iterations, GBDT baseline, UCL alerts) and serve /metrics and the API until
+    /// SIGINT/SIGTERM.
     Run {
-        /// Configuration file (default: the embedded one; see config/default.toml).
+        /// Configuration file (default: the embedded one; see probe-user/config/default.toml).
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Also watch this pid (repeatable).
+        /// Watch this engine pid instead of discovering engines (repeatable).
         #[arg(long)]
         pid: Vec<u32>,
+        /// Serve /metrics, /api/v1/status and /api/v1/alerts here (default from the config:
+        /// 127.0.0.1:9464).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+        /// Directory for fitted models and the alert log (default from the config).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
     },
+    /// Fit the decode-latency baseline on an iteration table (LatencyPrism CSV schema).
+    Fit(model_cmd::FitArgs),
+    /// Predict iteration durations (µs, one per input row) with a fitted baseline.
+    Predict(model_cmd::PredictArgs),
     /// Account every thread of a process over a window (on-CPU, run-queue wait, blocked
     /// time, context switches, top syscalls) and time its watched Python functions.
     Probe(probe_cmd::ProbeArgs),
@@ -100,11 +120,24 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     match cli.command {
-        Command::Run { config, pid } => {
+        Command::Run {
+            config,
+            pid,
+            listen,
+            state_dir,
+        } => {
             let mut cfg = config::Config::load(config.as_deref())?;
             cfg.watch.pids.extend(pid);
-            rt.block_on(daemon::run(&cfg, &paths))
+            if let Some(l) = listen {
+                cfg.http.listen = l;
+            }
+            if let Some(d) = state_dir {
+                cfg.state.dir = d;
+            }
+            daemon::run(&cfg, &paths)
         }
+        Command::Fit(args) => model_cmd::fit(&args),
+        Command::Predict(args) => model_cmd::predict(&args),
         Command::Probe(args) => rt.block_on(probe_cmd::run(&args, &paths)),
         Command::Dump { pid, json } => {
             let stacks = pyframe_tracer::sampling::Sampler::new(pid)?.sample()?;

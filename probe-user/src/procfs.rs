@@ -52,6 +52,13 @@ pub fn thread_state(pid: u32, tid: u32) -> Option<char> {
     rest.split_whitespace().next()?.chars().next()
 }
 
+/// The parent pid, from `stat`.
+pub fn parent(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(proc_dir(pid).join("stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// All pids currently in /proc.
 pub fn all_pids() -> Vec<u32> {
     let Ok(dir) = fs::read_dir("/proc") else {

@@ -42,6 +42,38 @@ pub struct Profile {
     pub detect_process: Vec<String>,
     /// Functions to watch.
     pub watch: Vec<ProfileWatch>,
+    /// Which extracted fields describe an iteration's workload.
+    #[serde(default)]
+    pub iteration: IterationFields,
+}
+
+/// Names of the extracted fields (of the anchor or of a phase inside it) that carry an
+/// iteration's workload; any may be absent.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IterationFields {
+    /// Requests in the batch.
+    pub batch: Option<String>,
+    /// Tokens computed in the iteration.
+    pub tokens: Option<String>,
+    /// Requests scheduled for the first time.
+    pub new_requests: Option<String>,
+    /// Tokens in the KV cache that the batch's attention reads.
+    pub context_tokens: Option<String>,
+    /// `context_tokens` counts only what was cached before this iteration: add `tokens`.
+    #[serde(default)]
+    pub context_excludes_step: bool,
+    /// The engine's forward-mode field, and which of its values mean which stage.
+    pub mode: Option<String>,
+    /// Mode values of prefill iterations.
+    #[serde(default)]
+    pub prefill_modes: Vec<i64>,
+    /// Mode values of decode iterations.
+    #[serde(default)]
+    pub decode_modes: Vec<i64>,
+    /// Mode values of mixed iterations.
+    #[serde(default)]
+    pub mixed_modes: Vec<i64>,
 }
 
 impl Profile {

@@ -1,0 +1,445 @@
+//! One engine process under the sentinel: its Python probes, iteration assembly, baseline
+//! model (warm-up, fit off-thread, persistence per fingerprint) and alerts.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::{Path, PathBuf},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use log::{info, warn};
+use model::{
+    anchor::{discover, CallStats},
+    Baseline, Fingerprint, Iteration, ModelError, Sentinel,
+};
+use pyframe_tracer::{
+    profiles::{self, IterationFields},
+    ring::Record,
+    AttachOptions, Framework, Session,
+};
+
+use crate::{
+    clock::{monotonic_ns, unix_ms},
+    config::Config,
+    export::IterationCsv,
+    iterations::Assembler,
+    procfs,
+    shared::{Alert, EngineStatus, Shared},
+};
+
+/// How long an engine without a profile anchor is watched before the anchor is chosen.
+const DISCOVERY_WINDOW: Duration = Duration::from_secs(10);
+/// How often the status shown by `/api/v1/status` is refreshed.
+const STATUS_PERIOD: Duration = Duration::from_millis(200);
+
+/// An attached engine.
+pub struct Engine {
+    /// The engine process.
+    pub pid: u32,
+    pid_label: String,
+    framework: String,
+    session: Session,
+    assembler: Option<Assembler>,
+    /// Call durations per function while the anchor is being discovered.
+    discovery: Option<(Instant, HashMap<String, Vec<u64>>)>,
+    sentinel: Sentinel,
+    fit: Option<JoinHandle<Result<Baseline, ModelError>>>,
+    model_path: PathBuf,
+    records: Vec<Record>,
+    lost_seen: u64,
+    counts: BTreeMap<String, u64>,
+    open_alert: Option<Alert>,
+    status_at: Instant,
+}
+
+impl Engine {
+    /// Attaches the Python plane to `pid` and loads the persisted model of its fingerprint.
+    pub fn attach(pid: u32, cfg: &Config) -> Result<Engine> {
+        let framework = match cfg.sentinel.framework.as_str() {
+            "auto" => Framework::Auto,
+            name => Framework::Named(name.to_string()),
+        };
+        let session = Session::attach(
+            pid as i32,
+            AttachOptions {
+                framework,
+                ..AttachOptions::default()
+            },
+        )
+        .with_context(|| format!("attaching the Python probes to engine pid {pid}"))?;
+        let framework = session
+            .framework
+            .clone()
+            .unwrap_or_else(|| "generic".to_string());
+        let fields = profiles::by_name(&framework)
+            .map(|p| p.iteration)
+            .unwrap_or_default();
+        let anchor = session
+            .probes
+            .iter()
+            .find(|p| p.role == "anchor")
+            .map(|p| p.func().to_string());
+        let (assembler, discovery) = match anchor {
+            Some(a) => (Some(Assembler::new(&a, fields)), None),
+            None => {
+                info!("engine {pid}: no profile anchor; discovering it from call frequency and duration stability over {DISCOVERY_WINDOW:?}");
+                (None, Some((Instant::now(), HashMap::new())))
+            }
+        };
+        let fingerprint = Fingerprint {
+            framework: framework.clone(),
+            model: served_model(pid),
+            hardware: hardware(),
+        };
+        let model_path = cfg
+            .state
+            .dir
+            .join("models")
+            .join(format!("{}.json", fingerprint.key()));
+        let baseline = load_model(&model_path, &fingerprint);
+        if let Some(b) = &baseline {
+            info!(
+                "engine {pid}: reusing the model fitted on {} samples ({})",
+                b.samples,
+                model_path.display()
+            );
+        }
+        info!(
+            "engine {pid}: attached ({framework}, CPython {}, {} probes, anchor {})",
+            session.runtime().version_string(),
+            session.probes.len(),
+            assembler
+                .as_ref()
+                .map_or("to be discovered", |a| a.anchor())
+        );
+        Ok(Engine {
+            pid,
+            pid_label: pid.to_string(),
+            framework,
+            sentinel: Sentinel::new(cfg.sentinel.params(), fingerprint, baseline),
+            session,
+            assembler,
+            discovery,
+            fit: None,
+            model_path,
+            records: Vec::with_capacity(4096),
+            lost_seen: 0,
+            counts: BTreeMap::new(),
+            open_alert: None,
+            status_at: Instant::now() - STATUS_PERIOD,
+        })
+    }
+
+    /// Drains the probe ring and runs every new iteration through the sentinel.
+    pub fn tick(&mut self, shared: &Shared, export: &mut Option<IterationCsv>) {
+        self.records.clear();
+        self.session.drain(&mut self.records);
+        let records = std::mem::take(&mut self.records);
+        for r in &records {
+            let call = self.session.call(r);
+            if let Some((_, seen)) = &mut self.discovery {
+                seen.entry(call.func.clone())
+                    .or_default()
+                    .push(call.end_ns.saturating_sub(call.start_ns));
+                continue;
+            }
+            if let Some(it) = self.assembler.as_mut().and_then(|a| a.push(call)) {
+                self.handle(&it, shared, export);
+            }
+        }
+        self.records = records;
+        self.finish_discovery();
+        let lost = self.session.lost_records();
+        if lost > self.lost_seen {
+            shared
+                .metrics
+                .lost_records
+                .with_label_values(&[&self.pid_label])
+                .inc_by(lost - self.lost_seen);
+            self.lost_seen = lost;
+        }
+        self.manage_fit();
+        if self.status_at.elapsed() >= STATUS_PERIOD {
+            self.publish_status(shared);
+        }
+    }
+
+    fn handle(&mut self, it: &Iteration, shared: &Shared, export: &mut Option<IterationCsv>) {
+        let m = &shared.metrics;
+        let stage = it.stage.as_str();
+        let labels = [self.pid_label.as_str(), stage];
+        m.iterations.with_label_values(&labels).inc();
+        m.duration
+            .with_label_values(&labels)
+            .observe(it.duration_us() / 1e6);
+        *self.counts.entry(stage.to_string()).or_default() += 1;
+        let v = self.sentinel.observe(it);
+        let decided_ns = monotonic_ns();
+        let pid = [self.pid_label.as_str()];
+        if let (Some(p), Some(e)) = (v.predicted_us, v.error) {
+            m.verdict_latency
+                .observe(decided_ns.saturating_sub(it.end_ns) as f64 / 1e9);
+            m.predicted.with_label_values(&pid).set(p / 1e6);
+            m.error.with_label_values(&pid).set(e);
+            if let Some(mean) = v.moving_mean {
+                m.error_mean.with_label_values(&pid).set(mean);
+            }
+            if let Some(a) = &mut self.open_alert {
+                a.iterations += 1;
+            }
+        }
+        if v.alert_started {
+            let alert = Alert {
+                id: m.alerts.with_label_values(&pid).get() + 1,
+                pid: self.pid,
+                started_unix_ms: unix_ms(),
+                trigger_iteration_end_ns: it.end_ns,
+                detection_latency_us: decided_ns.saturating_sub(it.end_ns) as f64 / 1e3,
+                moving_mean: v.moving_mean.unwrap_or_default(),
+                ucl: v.ucl.unwrap_or_default(),
+                duration_us: it.duration_us(),
+                predicted_us: v.predicted_us.unwrap_or_default(),
+                ended_unix_ms: None,
+                iterations: 1,
+            };
+            warn!(
+                "engine {}: ALERT decode iterations {:.0}% slower than the baseline predicts (moving mean of E {:.3} > UCL {:.3})",
+                self.pid,
+                100.0 * alert.moving_mean,
+                alert.moving_mean,
+                alert.ucl
+            );
+            m.alerts.with_label_values(&pid).inc();
+            m.anomaly_active.with_label_values(&pid).set(1);
+            shared.alert_event("alert_start", &alert);
+            self.open_alert = Some(alert);
+        }
+        if v.alert_ended {
+            if let Some(mut a) = self.open_alert.take() {
+                a.ended_unix_ms = Some(unix_ms());
+                info!(
+                    "engine {}: alert {} ended after {} iterations",
+                    self.pid, a.id, a.iterations
+                );
+                shared.alert_event("alert_end", &a);
+            }
+            m.anomaly_active.with_label_values(&pid).set(0);
+        }
+        if let Some(out) = export {
+            if let Err(e) = out.write(self.pid, it, v.predicted_us) {
+                warn!("iteration export stopped: {e:#}");
+                *export = None;
+            }
+        }
+    }
+
+    /// Picks the anchor once the discovery window is over.
+    fn finish_discovery(&mut self) {
+        let Some((since, seen)) = &self.discovery else {
+            return;
+        };
+        if since.elapsed() < DISCOVERY_WINDOW {
+            return;
+        }
+        let stats: Vec<CallStats> = seen
+            .iter()
+            .map(|(f, d)| CallStats::from_durations(f, d))
+            .collect();
+        match discover(&stats, 20, 1e6) {
+            Some(i) => {
+                info!(
+                    "engine {}: anchor discovered: {} ({} calls, mean {:.1} ms, cv {:.2})",
+                    self.pid,
+                    stats[i].func,
+                    stats[i].calls,
+                    stats[i].mean_ns / 1e6,
+                    stats[i].cv
+                );
+                self.assembler = Some(Assembler::new(&stats[i].func, IterationFields::default()));
+                self.discovery = None;
+            }
+            None => {
+                // Nothing iteration-like yet (an idle engine): look again over the next window.
+                self.discovery = Some((Instant::now(), HashMap::new()));
+            }
+        }
+    }
+
+    /// Starts a fit when one is due and installs it (and persists it) when it is done.
+    fn manage_fit(&mut self) {
+        if self.fit.as_ref().is_some_and(|h| h.is_finished()) {
+            let done = self.fit.take().expect("checked").join();
+            match done {
+                Ok(Ok(b)) => {
+                    info!(
+                        "engine {}: baseline fitted on {} samples (out-of-fold MAPE {:.2} %, UCL {:.3})",
+                        self.pid, b.samples, b.oof_accuracy.mape_pct, b.ucl.limit
+                    );
+                    if let Err(e) = save_model(&self.model_path, &b) {
+                        warn!("{e:#}");
+                    }
+                    self.sentinel.install(b);
+                }
+                Ok(Err(e)) => {
+                    warn!("engine {}: {e}", self.pid);
+                    self.sentinel.fit_failed();
+                }
+                Err(_) => {
+                    warn!("engine {}: the fit thread panicked", self.pid);
+                    self.sentinel.fit_failed();
+                }
+            }
+        }
+        if self.fit.is_none() && self.sentinel.fit_due() {
+            let data = self.sentinel.take_training();
+            let params = self.sentinel.params().baseline;
+            let fp = self.sentinel.fingerprint().clone();
+            info!(
+                "engine {}: fitting the baseline on {} healthy iterations",
+                self.pid,
+                data.len()
+            );
+            self.fit = Some(std::thread::spawn(move || {
+                Baseline::fit(&data, &params, fp)
+            }));
+        }
+    }
+
+    fn publish_status(&mut self, shared: &Shared) {
+        self.status_at = Instant::now();
+        let m = &shared.metrics;
+        let pid = [self.pid_label.as_str()];
+        let state = match self.sentinel.state() {
+            model::ModelState::Warming => "warming",
+            model::ModelState::Fitting => "fitting",
+            model::ModelState::Fitted => "fitted",
+        };
+        for s in ["warming", "fitting", "fitted"] {
+            m.model_state
+                .with_label_values(&[self.pid_label.as_str(), s])
+                .set(i64::from(s == state));
+        }
+        m.training_samples
+            .with_label_values(&pid)
+            .set(self.sentinel.training_samples() as i64);
+        let b = self.sentinel.baseline();
+        if let Some(b) = b {
+            m.model_samples
+                .with_label_values(&pid)
+                .set(b.samples as i64);
+            m.ucl.with_label_values(&pid).set(b.ucl.limit);
+        }
+        m.anomaly_active
+            .with_label_values(&pid)
+            .set(i64::from(self.sentinel.alerting()));
+        m.engines
+            .with_label_values(&[self.pid_label.as_str(), &self.framework])
+            .set(1);
+        let status = EngineStatus {
+            pid: self.pid,
+            framework: self.framework.clone(),
+            python: self.session.runtime().version_string(),
+            anchor: self.assembler.as_ref().map(|a| a.anchor().to_string()),
+            fingerprint: self.sentinel.fingerprint().key(),
+            model_state: state.to_string(),
+            training_samples: self.sentinel.training_samples(),
+            warmup_samples: self.sentinel.params().warmup_samples,
+            model_samples: b.map(|b| b.samples),
+            model_mape_pct: b.map(|b| b.oof_accuracy.mape_pct),
+            ucl: b.map(|b| b.ucl.limit),
+            iterations: self.counts.clone(),
+            lost_records: self.lost_seen,
+            anomaly_active: self.sentinel.alerting(),
+        };
+        shared
+            .engines
+            .lock()
+            .expect("status lock")
+            .insert(self.pid, status);
+    }
+
+    /// Restores the engine (unless it is gone) and removes its series.
+    pub fn detach(self, shared: &Shared, threads: &[(String, String)]) {
+        shared
+            .engines
+            .lock()
+            .expect("status lock")
+            .remove(&self.pid);
+        shared
+            .metrics
+            .forget_engine(&self.pid_label, &self.framework, threads);
+        if !procfs::process_exists(self.pid) {
+            return;
+        }
+        match self.session.detach() {
+            Ok(_) => info!("engine {}: probes removed", self.pid),
+            Err(e) => warn!("engine {}: detach: {e}", self.pid),
+        }
+    }
+}
+
+/// The served model's name: the `--model` argument of the engine or of its parents (vLLM's
+/// engine core overwrites its own command line; the API server above it keeps it).
+fn served_model(pid: u32) -> String {
+    let mut p = pid;
+    for _ in 0..4 {
+        let cmd = procfs::cmdline(p).unwrap_or_default();
+        let args: Vec<&str> = cmd.split(' ').collect();
+        for (i, a) in args.iter().enumerate() {
+            if let Some(v) = a
+                .strip_prefix("--model=")
+                .or_else(|| a.strip_prefix("--model-path="))
+            {
+                return v.to_string();
+            }
+            if (*a == "--model" || *a == "--model-path") && i + 1 < args.len() {
+                return args[i + 1].to_string();
+            }
+        }
+        match procfs::parent(p) {
+            Some(pp) if pp > 1 => p = pp,
+            _ => break,
+        }
+    }
+    "unknown".to_string()
+}
+
+/// CPU model and count (the GPU plane adds its devices).
+fn hardware() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let name = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_else(|| "unknown CPU".to_string());
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{name} x{n}")
+}
+
+fn load_model(path: &Path, fp: &Fingerprint) -> Option<Baseline> {
+    let text = std::fs::read_to_string(path).ok()?;
+    match Baseline::from_json(&text) {
+        Ok(b) if &b.fingerprint == fp => Some(b),
+        Ok(_) => None,
+        Err(e) => {
+            let aside = path.with_extension("corrupt");
+            warn!(
+                "{}: {e}; moved to {} and warming up again",
+                path.display(),
+                aside.display()
+            );
+            let _ = std::fs::rename(path, aside);
+            None
+        }
+    }
+}
+
+fn save_model(path: &Path, b: &Baseline) -> Result<()> {
+    let dir = path.parent().expect("models live in a directory");
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, b.to_json()).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+}

@@ -1,0 +1,189 @@
+//! Engine iterations from the Python plane's records: one per call of the profile's anchor
+//! function, with the workload fields of the anchor and of the phases that ran inside it on
+//! the same thread. Records of one thread arrive in exit order (one ring lane per thread), so
+//! an iteration's phases always come before its anchor.
+
+use std::collections::{BTreeMap, HashMap};
+
+use model::{
+    stage::{StageClassifier, StageHints},
+    Iteration, Stage, Workload,
+};
+use pyframe_tracer::{profiles::IterationFields, session::Call};
+
+/// Turns calls into iterations.
+pub struct Assembler {
+    anchor: String,
+    fields: IterationFields,
+    /// Phase calls per thread, waiting for their anchor.
+    pending: HashMap<u64, Vec<Call>>,
+    stages: StageClassifier,
+}
+
+/// An engine idle longer than this before an iteration without workload fields is taken to
+/// have received new requests (a prefill).
+const IDLE_GAP_NS: u64 = 200_000_000;
+
+impl Assembler {
+    /// Iterations of `anchor` (`module:qualname`), workload named by `fields`.
+    pub fn new(anchor: &str, fields: IterationFields) -> Self {
+        Self {
+            anchor: anchor.to_string(),
+            fields,
+            pending: HashMap::new(),
+            stages: StageClassifier::new(IDLE_GAP_NS),
+        }
+    }
+
+    /// The anchor function.
+    pub fn anchor(&self) -> &str {
+        &self.anchor
+    }
+
+    /// Feeds one call; returns the iteration it completes, if it is an anchor call that did
+    /// work. Anchor calls with no phase and no field (the engine loop polling while idle) are
+    /// not iterations when the profile names workload fields.
+    pub fn push(&mut self, call: Call) -> Option<Iteration> {
+        if call.func != self.anchor {
+            let lane = self.pending.entry(call.tid).or_default();
+            lane.push(call);
+            // Bound the buffer of a thread that never runs the anchor.
+            if lane.len() > 4096 {
+                lane.drain(..2048);
+            }
+            return None;
+        }
+        let phases = self.pending.remove(&call.tid).unwrap_or_default();
+        // Fields of the anchor, then of its phases (a phase wins over the anchor).
+        let mut fields: BTreeMap<String, i64> = call.args.clone();
+        let mut inside = 0;
+        for p in phases
+            .iter()
+            .filter(|p| p.start_ns >= call.start_ns && p.end_ns <= call.end_ns)
+        {
+            inside += 1;
+            fields.extend(p.args.iter().map(|(k, v)| (k.clone(), *v)));
+        }
+        let named = self.fields.batch.is_some();
+        if named && inside == 0 && call.args.is_empty() {
+            return None;
+        }
+        let get = |name: &Option<String>| name.as_ref().and_then(|n| fields.get(n)).copied();
+        let batch = get(&self.fields.batch);
+        if named && batch.is_none_or(|b| b <= 0) {
+            return None;
+        }
+        let tokens = get(&self.fields.tokens);
+        let mode = get(&self.fields.mode).and_then(|m| {
+            if self.fields.decode_modes.contains(&m) {
+                Some(Stage::Decode)
+            } else if self.fields.prefill_modes.contains(&m) {
+                Some(Stage::Prefill)
+            } else if self.fields.mixed_modes.contains(&m) {
+                Some(Stage::Mixed)
+            } else {
+                None
+            }
+        });
+        let hints = StageHints {
+            batch,
+            tokens,
+            new_requests: get(&self.fields.new_requests),
+            mode,
+        };
+        let stage = self.stages.classify(&hints, call.start_ns, call.end_ns);
+        let b = batch.unwrap_or(1).max(1) as f64;
+        let t = tokens.map_or(b, |t| t as f64);
+        let context = get(&self.fields.context_tokens).map(|c| {
+            c as f64
+                + if self.fields.context_excludes_step {
+                    t
+                } else {
+                    0.0
+                }
+        });
+        Some(Iteration {
+            start_ns: call.start_ns,
+            end_ns: call.end_ns,
+            stage,
+            // The live engine exposes the batch's total KV context, not prompt and generated
+            // lengths apart: the mean context goes in input_len, so W_kv = B·(L_in + L_out) is
+            // the context the attention reads.
+            workload: Workload {
+                batch: b,
+                input_len: context.unwrap_or(0.0) / b,
+                output_len: 0.0,
+                tokens: t,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(func: &str, start: u64, end: u64, args: &[(&str, i64)]) -> Call {
+        Call {
+            func: func.into(),
+            tid: 7,
+            start_ns: start,
+            end_ns: end,
+            args: args.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            exception: false,
+        }
+    }
+
+    fn vllm() -> Assembler {
+        let p = pyframe_tracer::profiles::by_name("vllm").unwrap();
+        Assembler::new("vllm.v1.engine.core:EngineCore.step", p.iteration)
+    }
+
+    #[test]
+    fn phases_inside_the_anchor_give_its_workload() {
+        let mut a = vllm();
+        let exec = [
+            ("batch", 4),
+            ("tokens", 4),
+            ("new_reqs", 0),
+            ("kv_tokens", 396),
+        ];
+        assert!(a
+            .push(call("x:MultiprocExecutor.execute_model", 10, 90, &exec))
+            .is_none());
+        let it = a
+            .push(call("vllm.v1.engine.core:EngineCore.step", 5, 100, &[]))
+            .unwrap();
+        assert_eq!(it.stage, Stage::Decode);
+        assert_eq!(it.workload.features(), [4.0, 100.0, 0.0, 400.0, 4.0]);
+        assert_eq!((it.start_ns, it.end_ns), (5, 100));
+    }
+
+    #[test]
+    fn idle_polls_and_stale_phases_are_not_iterations() {
+        let mut a = vllm();
+        assert!(a
+            .push(call("vllm.v1.engine.core:EngineCore.step", 5, 6, &[]))
+            .is_none());
+        // A phase from before the anchor started does not count.
+        a.push(call(
+            "x:p",
+            1,
+            2,
+            &[("batch", 3), ("tokens", 300), ("new_reqs", 3)],
+        ));
+        assert!(a
+            .push(call("vllm.v1.engine.core:EngineCore.step", 10, 20, &[]))
+            .is_none());
+        a.push(call(
+            "x:p",
+            31,
+            39,
+            &[("batch", 3), ("tokens", 300), ("new_reqs", 3)],
+        ));
+        let it = a
+            .push(call("vllm.v1.engine.core:EngineCore.step", 30, 40, &[]))
+            .unwrap();
+        assert_eq!(it.stage, Stage::Prefill);
+    }
+}

@@ -1,0 +1,141 @@
+//! The Prometheus metrics `stallscope run` serves on `/metrics`.
+
+use prometheus::{
+    exponential_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Every metric, registered in one registry. Labels: `pid` (the engine process), `stage`
+/// (`prefill`, `decode`, `mixed`), `tid`/`comm` (engine threads).
+pub struct Metrics {
+    registry: Registry,
+    /// Engine iterations observed.
+    pub iterations: IntCounterVec,
+    /// Iteration durations.
+    pub duration: HistogramVec,
+    /// Last predicted duration of a modelled iteration.
+    pub predicted: GaugeVec,
+    /// Last positive prediction error E.
+    pub error: GaugeVec,
+    /// Moving mean of E over the window.
+    pub error_mean: GaugeVec,
+    /// The UCL in force.
+    pub ucl: GaugeVec,
+    /// Alerts raised.
+    pub alerts: IntCounterVec,
+    /// 1 while an alert is open.
+    pub anomaly_active: IntGaugeVec,
+    /// 1 for the model's current state (`warming`, `fitting`, `fitted`).
+    pub model_state: IntGaugeVec,
+    /// Healthy samples held for training.
+    pub training_samples: IntGaugeVec,
+    /// Samples the current model was fitted on.
+    pub model_samples: IntGaugeVec,
+    /// Probe records lost in the shared-memory ring.
+    pub lost_records: IntCounterVec,
+    /// Kernel-accounted time of the engine's threads, by state.
+    pub thread_seconds: prometheus::CounterVec,
+    /// Engines attached.
+    pub engines: IntGaugeVec,
+    /// From a modelled iteration's end to its verdict (alert or not).
+    pub verdict_latency: prometheus::Histogram,
+}
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(name, help).namespace("stallscope")
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let r = &registry;
+        fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, m: T) -> T {
+            r.register(Box::new(m.clone()))
+                .expect("metric names are unique");
+            m
+        }
+        let pid_stage = &["pid", "stage"];
+        Self {
+            iterations: reg(r, IntCounterVec::new(opts("iterations_total", "Engine iterations observed"), pid_stage).unwrap()),
+            duration: reg(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new("iteration_duration_seconds", "Engine iteration duration")
+                        .namespace("stallscope")
+                        .buckets(exponential_buckets(0.001, 1.5, 24).unwrap()),
+                    pid_stage,
+                )
+                .unwrap(),
+            ),
+            predicted: reg(r, GaugeVec::new(opts("iteration_predicted_seconds", "Baseline prediction of the last modelled iteration"), &["pid"]).unwrap()),
+            error: reg(r, GaugeVec::new(opts("prediction_error_ratio", "Positive prediction error E = max(0, (y - yhat)/(y + eps)) of the last modelled iteration"), &["pid"]).unwrap()),
+            error_mean: reg(r, GaugeVec::new(opts("prediction_error_moving_mean_ratio", "Moving mean of E over the detector window"), &["pid"]).unwrap()),
+            ucl: reg(r, GaugeVec::new(opts("ucl_ratio", "Upper control limit of the moving mean of E"), &["pid"]).unwrap()),
+            alerts: reg(r, IntCounterVec::new(opts("alerts_total", "Alerts raised"), &["pid"]).unwrap()),
+            anomaly_active: reg(r, IntGaugeVec::new(opts("anomaly_active", "1 while an alert is open"), &["pid"]).unwrap()),
+            model_state: reg(r, IntGaugeVec::new(opts("model_state", "1 for the baseline model's current state"), &["pid", "state"]).unwrap()),
+            training_samples: reg(r, IntGaugeVec::new(opts("model_training_samples", "Healthy iterations held for (re)fitting"), &["pid"]).unwrap()),
+            model_samples: reg(r, IntGaugeVec::new(opts("model_fitted_samples", "Iterations the current baseline was fitted on"), &["pid"]).unwrap()),
+            lost_records: reg(r, IntCounterVec::new(opts("probe_lost_records_total", "Python probe records lost because the ring was full"), &["pid"]).unwrap()),
+            thread_seconds: reg(r, prometheus::CounterVec::new(opts("thread_seconds_total", "Kernel-accounted time of engine threads by state (on_cpu, runqueue_wait, blocked)"), &["pid", "tid", "comm", "state"]).unwrap()),
+            engines: reg(r, IntGaugeVec::new(opts("engines_attached", "1 per engine process the sentinel is attached to"), &["pid", "framework"]).unwrap()),
+            verdict_latency: reg(
+                r,
+                prometheus::Histogram::with_opts(
+                    HistogramOpts::new(
+                        "verdict_latency_seconds",
+                        "From a modelled iteration's end to the sentinel's verdict on it (an alert is raised at that moment)",
+                    )
+                    .namespace("stallscope")
+                    .buckets(exponential_buckets(25e-6, 2.0, 12).unwrap()),
+                )
+                .unwrap(),
+            ),
+            registry,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding cannot fail");
+        String::from_utf8(buf).expect("the text format is UTF-8")
+    }
+
+    /// Removes an engine's series once it is gone (`threads`: the (tid, comm) labels used).
+    pub fn forget_engine(&self, pid: &str, framework: &str, threads: &[(String, String)]) {
+        for stage in ["prefill", "decode", "mixed"] {
+            let _ = self.iterations.remove_label_values(&[pid, stage]);
+            let _ = self.duration.remove_label_values(&[pid, stage]);
+        }
+        for state in ["warming", "fitting", "fitted"] {
+            let _ = self.model_state.remove_label_values(&[pid, state]);
+        }
+        for (tid, comm) in threads {
+            for state in THREAD_STATES {
+                let _ = self
+                    .thread_seconds
+                    .remove_label_values(&[pid, tid, comm, state]);
+            }
+        }
+        let _ = self.engines.remove_label_values(&[pid, framework]);
+        for g in [&self.predicted, &self.error, &self.error_mean, &self.ucl] {
+            let _ = g.remove_label_values(&[pid]);
+        }
+        for g in [
+            &self.anomaly_active,
+            &self.training_samples,
+            &self.model_samples,
+        ] {
+            let _ = g.remove_label_values(&[pid]);
+        }
+        let _ = self.alerts.remove_label_values(&[pid]);
+        let _ = self.lost_records.remove_label_values(&[pid]);
+    }
+}
+
+/// `state` label values of `stallscope_thread_seconds_total`.
+pub const THREAD_STATES: [&str; 3] = ["on_cpu", "runqueue_wait", "blocked"];
