@@ -14,28 +14,11 @@ use pyframe_tracer::{AttachOptions, Error, Framework, Session};
 use serde_json::Value;
 
 mod common;
-use common::{expect_failure, require_root, stallscope, stallscope_unprivileged};
+use common::{expect_failure, python, require_root, stallscope, stallscope_unprivileged};
 
 const VERSIONS: [&str; 4] = ["3.10", "3.11", "3.12", "3.13"];
 const SPEC: &str =
     "__main__:Sched.run_batch[bs=len(batch.reqs);tokens=batch.tokens;seq=sum(batch.seq_lens);step=step]";
-
-/// The pyenv interpreter for `major.minor` (PYENV_ROOT or ~/.pyenv).
-fn python(version: &str) -> PathBuf {
-    let root = std::env::var_os("PYENV_ROOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".pyenv"));
-    let dir = std::fs::read_dir(root.join("versions"))
-        .expect("pyenv versions (cargo xtask setup checks them)")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            name.starts_with(&format!("{version}.")) && !name[version.len() + 1..].contains('.')
-        })
-        .unwrap_or_else(|| panic!("CPython {version} is not installed in pyenv"));
-    dir.join("bin/python3")
-}
 
 /// One call as the target itself stamped it.
 #[derive(Debug, Clone, Copy)]

@@ -57,6 +57,10 @@ pub struct SentinelConfig {
     pub engine_patterns: Vec<String>,
     /// `auto` or a profile name.
     pub framework: String,
+    /// Extra watch specs (`MODULE:QUALNAME[name=EXPR;...]`): for engines without a profile,
+    /// the candidates the anchor is discovered from.
+    #[serde(default)]
+    pub watch: Vec<String>,
     /// Ring drain period.
     #[serde(with = "duration_text")]
     pub poll_interval: Duration,
@@ -77,6 +81,17 @@ pub struct SentinelConfig {
 }
 
 impl SentinelConfig {
+    /// The parsed `watch` specs.
+    pub fn watch_specs(&self) -> Result<Vec<pyframe_tracer::WatchSpec>> {
+        self.watch
+            .iter()
+            .map(|w| {
+                w.parse()
+                    .map_err(|e| anyhow::anyhow!("sentinel.watch {w:?}: {e}"))
+            })
+            .collect()
+    }
+
     /// The model crate's parameters.
     pub fn params(&self) -> SentinelParams {
         SentinelParams {
@@ -155,6 +170,7 @@ impl Config {
         if s.poll_interval.is_zero() {
             bail!("sentinel.poll_interval must be above zero (such as \"1ms\")");
         }
+        s.watch_specs()?;
         if s.framework != "auto" {
             pyframe_tracer::profiles::by_name(&s.framework)
                 .map_err(|e| anyhow::anyhow!("sentinel.framework: {e}"))?;

@@ -40,6 +40,8 @@ pub struct Engine {
     pub pid: u32,
     pid_label: String,
     framework: String,
+    /// The profile's workload fields.
+    fields: IterationFields,
     session: Session,
     assembler: Option<Assembler>,
     /// Call durations per function while the anchor is being discovered.
@@ -65,6 +67,7 @@ impl Engine {
             pid as i32,
             AttachOptions {
                 framework,
+                specs: cfg.sentinel.watch_specs()?,
                 ..AttachOptions::default()
             },
         )
@@ -82,7 +85,7 @@ impl Engine {
             .find(|p| p.role == "anchor")
             .map(|p| p.func().to_string());
         let (assembler, discovery) = match anchor {
-            Some(a) => (Some(Assembler::new(&a, fields)), None),
+            Some(a) => (Some(Assembler::new(&a, fields.clone())), None),
             None => {
                 info!("engine {pid}: no profile anchor; discovering it from call frequency and duration stability over {DISCOVERY_WINDOW:?}");
                 (None, Some((Instant::now(), HashMap::new())))
@@ -118,6 +121,7 @@ impl Engine {
             pid,
             pid_label: pid.to_string(),
             framework,
+            fields,
             sentinel: Sentinel::new(cfg.sentinel.params(), fingerprint, baseline),
             session,
             assembler,
@@ -247,7 +251,7 @@ impl Engine {
             .iter()
             .map(|(f, d)| CallStats::from_durations(f, d))
             .collect();
-        match discover(&stats, 20, 1e6) {
+        match discover(&stats, 20, 5e5) {
             Some(i) => {
                 info!(
                     "engine {}: anchor discovered: {} ({} calls, mean {:.1} ms, cv {:.2})",
@@ -257,7 +261,7 @@ impl Engine {
                     stats[i].mean_ns / 1e6,
                     stats[i].cv
                 );
-                self.assembler = Some(Assembler::new(&stats[i].func, IterationFields::default()));
+                self.assembler = Some(Assembler::new(&stats[i].func, self.fields.clone()));
                 self.discovery = None;
             }
             None => {
@@ -375,7 +379,10 @@ impl Engine {
         }
         match self.session.detach() {
             Ok(_) => info!("engine {}: probes removed", self.pid),
-            Err(e) => warn!("engine {}: detach: {e}", self.pid),
+            Err(e) => warn!(
+                "engine {}: detach: {e}; its probes remove themselves at the engine's next watched call (their lease is expired)",
+                self.pid
+            ),
         }
     }
 }

@@ -41,8 +41,8 @@ impl Assembler {
     }
 
     /// Feeds one call; returns the iteration it completes, if it is an anchor call that did
-    /// work. Anchor calls with no phase and no field (the engine loop polling while idle) are
-    /// not iterations when the profile names workload fields.
+    /// work (with `require_batch`, an anchor call without a batch is the engine loop running
+    /// idle, not an iteration).
     pub fn push(&mut self, call: Call) -> Option<Iteration> {
         if call.func != self.anchor {
             let lane = self.pending.entry(call.tid).or_default();
@@ -56,21 +56,15 @@ impl Assembler {
         let phases = self.pending.remove(&call.tid).unwrap_or_default();
         // Fields of the anchor, then of its phases (a phase wins over the anchor).
         let mut fields: BTreeMap<String, i64> = call.args.clone();
-        let mut inside = 0;
         for p in phases
             .iter()
             .filter(|p| p.start_ns >= call.start_ns && p.end_ns <= call.end_ns)
         {
-            inside += 1;
             fields.extend(p.args.iter().map(|(k, v)| (k.clone(), *v)));
-        }
-        let named = self.fields.batch.is_some();
-        if named && inside == 0 && call.args.is_empty() {
-            return None;
         }
         let get = |name: &Option<String>| name.as_ref().and_then(|n| fields.get(n)).copied();
         let batch = get(&self.fields.batch);
-        if named && batch.is_none_or(|b| b <= 0) {
+        if self.fields.require_batch && batch.is_none_or(|b| b <= 0) {
             return None;
         }
         let tokens = get(&self.fields.tokens);

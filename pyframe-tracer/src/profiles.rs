@@ -54,6 +54,10 @@ pub struct Profile {
 pub struct IterationFields {
     /// Requests in the batch.
     pub batch: Option<String>,
+    /// An anchor call without a positive `batch` is not an iteration (the engine loop ran
+    /// with nothing to compute).
+    #[serde(default)]
+    pub require_batch: bool,
     /// Tokens computed in the iteration.
     pub tokens: Option<String>,
     /// Requests scheduled for the first time.

@@ -313,9 +313,16 @@ impl Session {
 
     /// Restores every watched function, frees the monitoring tool id and unmaps the ring in the target.
     /// Returns the longest time a thread of the target was stopped over the session, detach included.
+    /// If the target cannot run the request (its main thread is blocked outside Python, as an idle engine
+    /// waiting for work is), the probe's lease is expired instead: it removes itself at its next watched call.
     pub fn detach(mut self) -> Result<Duration> {
-        self.detach_request()?;
-        Ok(self.pause)
+        match self.detach_request() {
+            Ok(()) => Ok(self.pause),
+            Err(e) => {
+                self.ring.heartbeat(1);
+                Err(e)
+            }
+        }
     }
 
     fn detach_request(&mut self) -> Result<()> {

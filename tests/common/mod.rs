@@ -1,4 +1,6 @@
 //! Helpers shared by the end-to-end test files.
+// Each test file uses a subset of these helpers.
+#![allow(dead_code)]
 
 use std::{path::PathBuf, process::Command};
 
@@ -48,4 +50,21 @@ pub fn stallscope_unprivileged() -> Command {
     ])
     .arg(stallscope().get_program());
     c
+}
+
+/// The pyenv interpreter for `major.minor` (PYENV_ROOT or ~/.pyenv).
+pub fn python(version: &str) -> PathBuf {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".pyenv"));
+    let dir = std::fs::read_dir(root.join("versions"))
+        .expect("pyenv versions (cargo xtask setup checks them)")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.starts_with(&format!("{version}.")) && !name[version.len() + 1..].contains('.')
+        })
+        .unwrap_or_else(|| panic!("CPython {version} is not installed in pyenv"));
+    dir.join("bin/python3")
 }

@@ -1,4 +1,4 @@
-//! Developer tasks: `cargo xtask setup | run | test | bench`.
+//! Developer tasks: `cargo xtask setup | run | test | bench | vllm`.
 //!
 //! Everything that a fresh machine lacks is installed here, idempotently; caches live
 //! outside the checkout (`$STALLSCOPE_CACHE`, default `~/.cache/stallscope`).
@@ -6,6 +6,7 @@
 mod bench;
 mod bench_python;
 mod setup;
+mod vllm;
 
 use std::{
     path::{Path, PathBuf},
@@ -41,6 +42,11 @@ enum Task {
         #[arg(long, value_parser = ["kernel", "python"])]
         only: Option<String>,
     },
+    /// A real vLLM CPU server on loopback, the end-to-end target: `up`, `load`, `down`.
+    Vllm {
+        #[command(subcommand)]
+        cmd: vllm::Vllm,
+    },
 }
 
 fn main() -> Result<()> {
@@ -75,6 +81,7 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        Task::Vllm { cmd } => vllm::run(cmd),
     }
 }
 
