@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_python;
+mod bench_sentinel;
 mod setup;
 mod vllm;
 
@@ -38,8 +39,9 @@ enum Task {
     Test,
     /// Run the benchmarks and print a Markdown report (see BENCHMARKS.md).
     Bench {
-        /// Only this part: `kernel` or `python` (default: both).
-        #[arg(long, value_parser = ["kernel", "python"])]
+        /// Only this part: `kernel`, `python` or `sentinel` (default: all; the sentinel's vLLM
+        /// part needs `cargo xtask vllm up` first).
+        #[arg(long, value_parser = ["kernel", "python", "sentinel"])]
         only: Option<String>,
     },
     /// A real vLLM CPU server on loopback, the end-to-end target: `up`, `load`, `down`.
@@ -69,20 +71,49 @@ fn main() -> Result<()> {
                 "-D",
                 "warnings",
             ])?;
-            cargo(&["test", "--release", "--", "--test-threads=1"])
+            cargo(&["test", "--release", "--", "--test-threads=1"])?;
+            vllm_end_to_end()
         }
         Task::Bench { only } => {
             setup::run()?;
-            if only.as_deref() != Some("python") {
+            let part = |p: &str| only.as_deref().is_none_or(|o| o == p);
+            if part("kernel") {
                 bench::run()?;
             }
-            if only.as_deref() != Some("kernel") {
+            if part("python") {
                 bench_python::run()?;
+            }
+            if part("sentinel") {
+                bench_sentinel::run()?;
             }
             Ok(())
         }
         Task::Vllm { cmd } => vllm::run(cmd),
     }
+}
+
+/// The sentinel's end-to-end test against a real vLLM server (tests/sentinel_vllm.rs, about
+/// 15 minutes): brings the server up, runs the test with its JSON in STALLSCOPE_VLLM, and
+/// stops the server whatever the outcome.
+fn vllm_end_to_end() -> Result<()> {
+    let server = vllm::up(8000)?;
+    let result = run_checked(
+        Command::new(env!("CARGO"))
+            .args([
+                "test",
+                "--release",
+                "--test",
+                "sentinel_vllm",
+                "--",
+                "--nocapture",
+            ])
+            .current_dir(root())
+            .env("STALLSCOPE_BIN", stallscope_bin())
+            .env("STALLSCOPE_XTASK", root().join("target/release/xtask"))
+            .env("STALLSCOPE_VLLM", server),
+    );
+    let down = vllm::down();
+    result.and(down)
 }
 
 /// The workspace root.

