@@ -138,19 +138,25 @@ fn parse_log(path: &Path) -> Vec<LogIteration> {
         .collect()
 }
 
-/// One exported row: (batch, tokens, duration ms, stage).
-fn parse_export(path: &Path) -> Vec<(u64, u64, f64, String)> {
+/// One row of stallscope's iteration export.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    batch: u64,
+    tokens: u64,
+    duration_ms: f64,
+}
+
+fn parse_export(path: &Path) -> Vec<Row> {
     let text = std::fs::read_to_string(path).unwrap();
     text.lines()
         .skip(1)
         .filter_map(|l| {
             let f: Vec<&str> = l.split(',').collect();
-            Some((
-                f[3].parse::<f64>().ok()? as u64,
-                f[8].parse::<f64>().ok()? as u64,
-                f[2].parse::<f64>().ok()? / 1e3,
-                f[9].to_string(),
-            ))
+            Some(Row {
+                batch: f[3].parse::<f64>().ok()? as u64,
+                tokens: f[8].parse::<f64>().ok()? as u64,
+                duration_ms: f[2].parse::<f64>().ok()? / 1e3,
+            })
         })
         .collect()
 }
@@ -278,7 +284,7 @@ fn sentinel_on_real_vllm() {
                 .iter()
                 .zip(&log[off..])
                 .take(500)
-                .filter(|(r, l)| r.0 == l.batch && r.1 == l.tokens)
+                .filter(|(r, l)| r.batch == l.batch && r.tokens == l.tokens)
                 .count();
             (off, n)
         })
@@ -288,17 +294,19 @@ fn sentinel_on_real_vllm() {
         agree >= 490,
         "the sequences do not align: best offset {offset} agrees on {agree}/500"
     );
-    let matched: Vec<(&(u64, u64, f64, String), &LogIteration)> =
-        window_rows.iter().zip(&log[offset..]).collect();
+    let matched: Vec<(&Row, &LogIteration)> = window_rows.iter().zip(&log[offset..]).collect();
     let same = matched
         .iter()
-        .filter(|(r, l)| r.0 == l.batch && r.1 == l.tokens)
+        .filter(|(r, l)| r.batch == l.batch && r.tokens == l.tokens)
         .count();
     let (first, last) = (matched[0].1.index, matched[matched.len() - 1].1.index);
     let engine_count = (last - first + 1) as f64;
     let ours = matched.len() as f64;
     let count_error = (ours - engine_count).abs() / engine_count;
-    let mut diffs: Vec<f64> = matched.iter().map(|(r, l)| r.2 - l.elapsed_ms).collect();
+    let mut diffs: Vec<f64> = matched
+        .iter()
+        .map(|(r, l)| r.duration_ms - l.elapsed_ms)
+        .collect();
     let median = percentile(&mut diffs, 0.5);
     let p99 = percentile(&mut diffs, 0.99);
     let min = percentile(&mut diffs, 0.0);
