@@ -109,6 +109,7 @@ poll_interval = "1ms"
 theta_max = 0.5
 k_sigma = 3.0
 window = 10
+start_after = 5
 warmup_samples = {warmup}
 refit_every = 0
 max_training_samples = 20000

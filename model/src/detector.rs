@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 pub struct DetectorParams {
     /// W: iterations in the moving mean.
     pub window: usize,
+    /// An alert starts once the moving mean has been above the UCL for this many
+    /// consecutive iterations (1: at the first crossing).
+    pub start_after: usize,
     /// An alert ends once the moving mean stays at or below `clear_ratio · UCL` ...
     pub clear_ratio: f64,
     /// ... for this many consecutive iterations.
@@ -21,6 +24,7 @@ impl Default for DetectorParams {
     fn default() -> Self {
         Self {
             window: 10,
+            start_after: 5,
             clear_ratio: 0.8,
             clear_after: 10,
         }
@@ -45,6 +49,9 @@ pub struct Detector {
     window: VecDeque<f64>,
     sum: f64,
     active: bool,
+    /// Consecutive iterations above the UCL (before an alert) or at or below the clear
+    /// level (during one).
+    above: usize,
     calm: usize,
 }
 
@@ -59,6 +66,7 @@ impl Detector {
             window: VecDeque::with_capacity(params.window.max(1)),
             sum: 0.0,
             active: false,
+            above: 0,
             calm: 0,
         }
     }
@@ -76,8 +84,10 @@ impl Detector {
         }
         let mean = (self.sum / self.window.len() as f64).max(0.0);
         let t = if !self.active {
-            if mean > ucl {
+            self.above = if mean > ucl { self.above + 1 } else { 0 };
+            if self.above >= self.params.start_after.max(1) {
                 self.active = true;
+                self.above = 0;
                 self.calm = 0;
                 Transition::Started
             } else {
@@ -116,7 +126,10 @@ mod tests {
 
     #[test]
     fn starts_once_and_ends_after_calm() {
-        let mut d = Detector::new(DetectorParams::default());
+        let mut d = Detector::new(DetectorParams {
+            start_after: 1,
+            ..DetectorParams::default()
+        });
         let mut events = Vec::new();
         let series = [0.01; 20].into_iter().chain([0.6; 15]).chain([0.0; 40]);
         for (i, e) in series.enumerate() {
@@ -134,12 +147,27 @@ mod tests {
     }
 
     #[test]
-    fn no_mean_before_the_window_fills() {
+    fn no_mean_before_the_window_fills_and_a_short_crossing_is_ignored() {
         let mut d = Detector::new(DetectorParams::default());
         for _ in 0..9 {
             assert_eq!(d.push(1.0, 0.1), (None, Transition::None));
         }
+        // Above the UCL from the 10th value on: the 5th consecutive crossing starts the alert.
+        for _ in 0..4 {
+            assert_eq!(d.push(1.0, 0.1).1, Transition::None);
+        }
         assert_eq!(d.push(1.0, 0.1).1, Transition::Started);
         assert!(d.active());
+        // A crossing shorter than start_after never alerts (W = 1: the mean is the value).
+        let mut d = Detector::new(DetectorParams {
+            window: 1,
+            ..DetectorParams::default()
+        });
+        let series = [0.0; 3].into_iter().chain([0.5; 4]).chain([0.0; 5]);
+        assert!(series
+            .map(|e| d.push(e, 0.15).1)
+            .all(|t| t == Transition::None));
+        let t: Vec<Transition> = [0.5; 5].into_iter().map(|e| d.push(e, 0.15).1).collect();
+        assert_eq!(t[4], Transition::Started);
     }
 }

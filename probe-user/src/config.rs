@@ -70,6 +70,8 @@ pub struct SentinelConfig {
     pub k_sigma: f64,
     /// W.
     pub window: usize,
+    /// Consecutive iterations above the UCL before an alert starts.
+    pub start_after: usize,
     /// Samples before the first fit.
     pub warmup_samples: usize,
     /// Samples between refits.
@@ -102,6 +104,7 @@ impl SentinelConfig {
             },
             detector: DetectorParams {
                 window: self.window,
+                start_after: self.start_after,
                 ..DetectorParams::default()
             },
             warmup_samples: self.warmup_samples,
@@ -163,6 +166,9 @@ impl Config {
         }
         if s.window == 0 {
             bail!("sentinel.window must be at least 1 iteration");
+        }
+        if s.start_after == 0 {
+            bail!("sentinel.start_after must be at least 1 iteration");
         }
         if s.warmup_samples < 20 {
             bail!("sentinel.warmup_samples must be at least 20 (the fit uses 5 folds)");
