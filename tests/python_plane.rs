@@ -14,7 +14,9 @@ use pyframe_tracer::{AttachOptions, Error, Framework, Session};
 use serde_json::Value;
 
 mod common;
-use common::{expect_failure, python, require_root, stallscope, stallscope_unprivileged};
+use common::{
+    expect_failure, expect_success, python, require_root, stallscope, stallscope_unprivileged,
+};
 
 const VERSIONS: [&str; 4] = ["3.10", "3.11", "3.12", "3.13"];
 const SPEC: &str =
@@ -559,16 +561,9 @@ fn dump_shows_the_python_stacks() {
     target.wait_progress(10);
     let mut seen = false;
     for _ in 0..20 {
-        let out = stallscope()
-            .args(["dump", "--pid", &target.pid.to_string(), "--json"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let threads: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let out =
+            expect_success(stallscope().args(["dump", "--pid", &target.pid.to_string(), "--json"]));
+        let threads: Value = serde_json::from_slice(&out).unwrap();
         let threads = threads.as_array().unwrap();
         assert_eq!(threads.len(), 3, "main + 2 workers: {threads:?}");
         seen |= threads.iter().any(|t| {

@@ -14,31 +14,9 @@ use std::{
 use serde_json::Value;
 
 mod common;
-use common::{expect_failure, python, require_root, stallscope};
-
-/// A free loopback port.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// One HTTP/1.0 GET on loopback; returns the body (panics on a non-200).
-fn http_get(port: u16, path: &str) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let (head, body) = resp.split_once("\r\n\r\n").expect("an HTTP response");
-    assert!(
-        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
-        "{head}"
-    );
-    body.to_string()
-}
+use common::{
+    expect_failure, expect_success, free_port, http_get, python, require_root, stallscope,
+};
 
 fn tmpdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("stallscope-sentinel-{name}-{}", std::process::id()));
@@ -463,19 +441,14 @@ fn fit_then_predict_one_duration_per_row_in_order() {
         csv += &format!("j{},{i},{d},{b},{li},{li},{lo},{lo}\n", i % 5);
     }
     std::fs::write(dir.join("train.csv"), &csv).unwrap();
-    let out = stallscope()
-        .args(["fit", "--csv"])
-        .arg(dir.join("train.csv"))
-        .arg("-o")
-        .arg(dir.join("m.json"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = expect_success(
+        stallscope()
+            .args(["fit", "--csv"])
+            .arg(dir.join("train.csv"))
+            .arg("-o")
+            .arg(dir.join("m.json")),
     );
-    let summary: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let summary: Value = serde_json::from_slice(&out).unwrap();
     assert!(
         summary["oof_accuracy"]["mape_pct"].as_f64().unwrap() < 5.0,
         "{summary}"
@@ -486,15 +459,14 @@ fn fit_then_predict_one_duration_per_row_in_order() {
     )
     .unwrap();
     let run = |fmt: &str| {
-        let o = stallscope()
-            .args(["predict", "--format", fmt, "--model"])
-            .arg(dir.join("m.json"))
-            .arg("--csv")
-            .arg(dir.join("q.csv"))
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8(o.stdout).unwrap()
+        let o = expect_success(
+            stallscope()
+                .args(["predict", "--format", fmt, "--model"])
+                .arg(dir.join("m.json"))
+                .arg("--csv")
+                .arg(dir.join("q.csv")),
+        );
+        String::from_utf8(o).unwrap()
     };
     let json: Vec<f64> = serde_json::from_str(&run("json")).unwrap();
     assert_eq!(json.len(), 3);

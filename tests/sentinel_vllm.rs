@@ -10,8 +10,8 @@
 //!   excludes scheduling and output processing: stallscope's span is longer by their cost.
 
 use std::{
-    io::{Read, Write},
-    net::{TcpListener, TcpStream},
+    io::Write,
+    net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -20,7 +20,7 @@ use std::{
 use serde_json::Value;
 
 mod common;
-use common::{require_root, stallscope};
+use common::{free_port, http_get, require_root, stallscope};
 
 /// Steady load with no alert for this long after the model is fitted: 10 minutes, or
 /// STALLSCOPE_VLLM_STEADY_S seconds (shorter runs while developing).
@@ -29,23 +29,6 @@ fn steady() -> Duration {
         .ok()
         .and_then(|s| s.parse().ok());
     Duration::from_secs(s.unwrap_or(600))
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn http_get(port: u16, path: &str) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    resp.split_once("\r\n\r\n").unwrap().1.to_string()
 }
 
 /// A child in its own process group, killed with the whole group when dropped (the load
@@ -134,6 +117,47 @@ fn parse_log(path: &Path) -> Vec<LogIteration> {
                 tokens: (nums[1] + nums[3]) as u64,
                 elapsed_ms: nums[4],
             })
+        })
+        .collect()
+}
+
+/// Days from 1970-01-01 to a civil date (proleptic Gregorian).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// (unix second, elapsed ms) of every iteration line. The log stamps `MM-DD HH:MM:SS` in local
+/// time, which is UTC on the test machines, without a year: the current one.
+fn parse_log_times(path: &Path) -> Vec<(u64, f64)> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let year = (1970..3000)
+        .take_while(|y| days_from_civil(*y, 1, 1) * 86_400 <= now)
+        .last()
+        .unwrap();
+    text.lines()
+        .filter(|l| l.contains("Iteration("))
+        .filter_map(|l| {
+            let s = l.split(" INFO ").nth(1)?.get(..14)?;
+            let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+            let days = days_from_civil(year, n(0..2)?, n(3..5)?);
+            let secs = days * 86_400 + n(6..8)? * 3600 + n(9..11)? * 60 + n(12..14)?;
+            let ms = l
+                .split("elapsed time: ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((secs as u64, ms))
         })
         .collect()
 }
@@ -262,15 +286,34 @@ fn sentinel_on_real_vllm() {
     let rows_at_fit = parse_export(&dir.join("iterations.csv")).len();
     let log_at_fit = parse_log(&log_path).len();
 
-    // Steady load: no alert.
+    // Steady load: no false alert. An alert is false unless vLLM's own timing of the iterations
+    // while it was open shows them at least 25 % slower than over the whole window (this shared
+    // 2-vCPU host has real slowdowns: one run saw decode steps +60 % for 30 s).
     std::thread::sleep(steady());
     let alerts: Value = serde_json::from_str(&http_get(port, "/api/v1/alerts")).unwrap();
     let metrics = http_get(port, "/metrics");
-    assert_eq!(
-        alerts.as_array().unwrap().len(),
-        0,
-        "alert under steady load: {alerts}"
-    );
+    let timed = parse_log_times(&log_path);
+    let mut window: Vec<f64> = timed.iter().skip(log_at_fit).map(|(_, ms)| *ms).collect();
+    let steady_median = percentile(&mut window, 0.5);
+    for a in alerts.as_array().unwrap() {
+        let from = a["started_unix_ms"].as_u64().unwrap() / 1000 - 2;
+        let to = a["ended_unix_ms"]
+            .as_u64()
+            .map_or(u64::MAX, |e| e / 1000 + 1);
+        let mut during: Vec<f64> = timed
+            .iter()
+            .filter(|(t, _)| (from..=to).contains(t))
+            .map(|(_, ms)| *ms)
+            .collect();
+        assert!(!during.is_empty(), "no log line during {a}");
+        let m = percentile(&mut during, 0.5);
+        println!("alert under steady load: {a}; vLLM's own median step {m:.1} ms vs {steady_median:.1} ms over the window");
+        assert!(
+            m >= 1.25 * steady_median,
+            "false alert: vLLM's own steps were not slower ({m:.1} vs {steady_median:.1} ms): {a}"
+        );
+    }
+    let steady_alerts = alerts.as_array().unwrap().len();
 
     // Iterations: stallscope's rows against the engine's own log over the steady window.
     let rows = parse_export(&dir.join("iterations.csv"));
@@ -357,14 +400,15 @@ fn sentinel_on_real_vllm() {
     let hog = start_hog(&cpus);
     let t = Instant::now();
     wait("alert under a CPU hog", Duration::from_secs(60), &|| {
-        engine(port).is_some_and(|e| e["anomaly_active"] == true)
+        serde_json::from_str::<Value>(&http_get(port, "/api/v1/alerts"))
+            .is_ok_and(|a| a.as_array().is_some_and(|a| a.len() > steady_alerts))
     });
     let lag = t.elapsed();
     drop(hog);
     let alerts: Value = serde_json::from_str(&http_get(port, "/api/v1/alerts")).unwrap();
     println!(
         "alert {lag:?} after the hog on CPUs {cpus} started: {}",
-        alerts[0]
+        alerts[steady_alerts]
     );
     assert!(lag < Duration::from_secs(30), "alert took {lag:?}");
 

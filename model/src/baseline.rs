@@ -225,34 +225,7 @@ impl Baseline {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    pub(crate) fn synthetic(n: usize, seed: u64) -> Vec<Sample> {
-        let mut s = seed | 1;
-        let mut rnd = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 11) as f64 / (1u64 << 53) as f64
-        };
-        (0..n)
-            .map(|_| {
-                let batch = (1.0 + rnd() * 31.0).round();
-                let input_len = 16.0 + rnd() * 500.0;
-                let output_len = rnd() * 256.0;
-                let w = Workload {
-                    batch,
-                    input_len,
-                    output_len,
-                    tokens: batch,
-                };
-                let clean = 25_000.0 + 400.0 * batch + 0.08 * batch * (input_len + output_len);
-                Sample {
-                    workload: w,
-                    duration_us: clean * (1.0 + 0.03 * (rnd() - 0.5)),
-                }
-            })
-            .collect()
-    }
+    use crate::synthetic::decode_samples as synthetic;
 
     fn fp() -> Fingerprint {
         Fingerprint {

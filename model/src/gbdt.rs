@@ -403,13 +403,8 @@ mod tests {
 
     fn data(n: usize) -> (Vec<Vec<f64>>, Vec<f64>) {
         // Deterministic pseudo-random inputs; y is a nonlinear function of two of them.
-        let mut s = 0x2545F4914F6CDD1Du64;
-        let mut rnd = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut r = crate::synthetic::XorShift::new(0x2545F4914F6CDD1D);
+        let mut rnd = move || r.uniform();
         let x: Vec<Vec<f64>> = (0..n)
             .map(|_| vec![rnd() * 32.0, rnd() * 1000.0, rnd()])
             .collect();

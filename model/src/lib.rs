@@ -11,6 +11,7 @@ pub mod features;
 pub mod gbdt;
 pub mod sentinel;
 pub mod stage;
+pub mod synthetic;
 
 pub use baseline::{Baseline, BaselineParams, Fingerprint, Sample};
 pub use features::Workload;

@@ -306,6 +306,7 @@ impl Engine {
                 data.len()
             );
             self.fit = Some(std::thread::spawn(move || {
+                lowest_cpu_priority();
                 Baseline::fit(&data, &params, fp)
             }));
         }
@@ -384,6 +385,19 @@ impl Engine {
                 self.pid
             ),
         }
+    }
+}
+
+/// Puts the calling thread in SCHED_IDLE: a fit (seconds of CPU) must never take CPU from the
+/// engine it watches, which on a small host shares the cores.
+fn lowest_cpu_priority() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; param is valid for the call.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        warn!(
+            "cannot lower the fit thread's priority: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 

@@ -11,7 +11,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use model::{Baseline, BaselineParams, Fingerprint, Sample, Workload};
+use model::{synthetic::decode_samples, Baseline, BaselineParams, Fingerprint, Workload};
 
 /// Load runs per arm of the A/B comparison.
 const PAIRS: usize = 3;
@@ -23,36 +23,8 @@ pub fn run() -> Result<()> {
     vllm_overhead()
 }
 
-/// Samples shaped like decode iterations (latency grows with batch and context, 3 % noise).
-fn samples(n: usize) -> Vec<Sample> {
-    let mut s = 0x9E3779B97F4A7C15u64;
-    let mut rnd = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s >> 11) as f64 / (1u64 << 53) as f64
-    };
-    (0..n)
-        .map(|_| {
-            let batch = (1.0 + rnd() * 31.0).round();
-            let ctx = 16.0 + rnd() * 900.0;
-            let w = Workload {
-                batch,
-                input_len: ctx,
-                output_len: 0.0,
-                tokens: batch,
-            };
-            let d = (25_000.0 + 400.0 * batch + 0.08 * batch * ctx) * (1.0 + 0.03 * (rnd() - 0.5));
-            Sample {
-                workload: w,
-                duration_us: d,
-            }
-        })
-        .collect()
-}
-
 fn model_costs() -> Result<()> {
-    let data = samples(20_000);
+    let data = decode_samples(20_000, 1);
     let fp = Fingerprint {
         framework: "bench".into(),
         model: "synthetic".into(),
@@ -61,7 +33,10 @@ fn model_costs() -> Result<()> {
     let t = Instant::now();
     let b = Baseline::fit(&data, &BaselineParams::default(), fp)?;
     let fit = t.elapsed();
-    let queries: Vec<Workload> = samples(4096).into_iter().map(|s| s.workload).collect();
+    let queries: Vec<Workload> = decode_samples(4096, 2)
+        .into_iter()
+        .map(|s| s.workload)
+        .collect();
     let rounds = 100;
     let t = Instant::now();
     let mut sum = 0.0;
