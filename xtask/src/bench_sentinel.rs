@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use model::{synthetic::decode_samples, Baseline, BaselineParams, Fingerprint, Workload};
 
 /// Load runs per arm of the A/B comparison.
-const PAIRS: usize = 3;
+const PAIRS: usize = 4;
 /// Requests per load run.
 const REQUESTS: &str = "48";
 
@@ -186,12 +186,17 @@ fn vllm_overhead() -> Result<()> {
     let (mut cpu_s, mut wall_s, mut rss_max) = (0.0, 0.0, 0u64);
     let hz = 100.0;
     for i in 0..PAIRS {
-        off.push(load_run(i)?);
+        // Every run gets its own prompts (vLLM's prefix cache would favour a repeated set), and
+        // the arms alternate which goes first.
+        let (seed_off, seed_on) = (1000 + 2 * i, 1001 + 2 * i);
+        if i % 2 == 0 {
+            off.push(load_run(seed_off)?);
+        }
         let d = start_daemon(&dir)?;
         // Attach happens once the engine is busy: the first requests of the run.
         let t = Instant::now();
         let c0 = cpu_and_rss(d.0.id()).map_or(0, |c| c.0);
-        let tp = load_run(i)?;
+        let tp = load_run(seed_on)?;
         let (c1, rss) = cpu_and_rss(d.0.id()).unwrap_or((c0, 0));
         cpu_s += (c1 - c0) as f64 / hz;
         wall_s += t.elapsed().as_secs_f64();
@@ -210,6 +215,9 @@ fn vllm_overhead() -> Result<()> {
         }
         drop(d);
         std::thread::sleep(Duration::from_secs(2));
+        if i % 2 == 1 {
+            off.push(load_run(seed_off)?);
+        }
     }
     let mut ratios: Vec<f64> = on.iter().zip(&off).map(|(a, b)| a / b).collect();
     ratios.sort_by(f64::total_cmp);
