@@ -48,16 +48,28 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         shared: shared.clone(),
         engines: BTreeMap::new(),
         retry_at: BTreeMap::new(),
+        kernel_only: BTreeSet::new(),
         watched: BTreeSet::new(),
         threads: BTreeMap::new(),
     };
-    // Engines named with --pid must attach now: a wrong pid is an error, not a retry.
+    // Engines named with --pid must attach now: a wrong pid is an error, not a retry. A pid
+    // that is not a Python process gets the kernel plane only.
     for &pid in &cfg.watch.pids {
         if !procfs::process_exists(pid) {
             bail!("no process with pid {pid}: check the engine's pid (pgrep -f EngineCore)");
         }
-        let e = Engine::attach(pid, cfg)?;
-        daemon.engines.insert(pid, e);
+        match Engine::attach(pid, cfg) {
+            Ok(e) => {
+                daemon.engines.insert(pid, e);
+            }
+            Err(e) if is_not_python(&e) => {
+                warn!(
+                    "pid {pid} is not a Python process: kernel-plane accounting only, no sentinel"
+                );
+                daemon.kernel_only.insert(pid);
+            }
+            Err(e) => return Err(e),
+        }
     }
     let stop = Arc::new(AtomicBool::new(false));
     let http_thread = {
@@ -117,10 +129,22 @@ struct Daemon<'a> {
     engines: BTreeMap<u32, Engine>,
     /// Engines that failed to attach, and when to try again.
     retry_at: BTreeMap<u32, Instant>,
+    /// Pids given with --pid that are not Python: watched by the kernel plane only.
+    kernel_only: BTreeSet<u32>,
     /// Pids the kernel plane watches.
     watched: BTreeSet<u32>,
     /// (tid, comm) label pairs used per pid, to remove their series later.
     threads: BTreeMap<u32, BTreeSet<(String, String)>>,
+}
+
+/// Whether an attach failed because the process is not Python at all.
+fn is_not_python(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<pyframe_tracer::Error>(),
+            Some(pyframe_tracer::Error::NotPython { .. })
+        )
+    })
 }
 
 fn matches(pid: u32, patterns: &[String]) -> bool {
@@ -184,6 +208,7 @@ impl Daemon<'_> {
         }
         for &pid in &engines {
             if self.engines.contains_key(&pid)
+                || self.kernel_only.contains(&pid)
                 || self.retry_at.get(&pid).is_some_and(|t| Instant::now() < *t)
             {
                 continue;
