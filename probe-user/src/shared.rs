@@ -20,7 +20,7 @@ const RECENT_ALERTS: usize = 256;
 /// One alert episode.
 #[derive(Debug, Clone, Serialize)]
 pub struct Alert {
-    /// Sequence number since the daemon started.
+    /// Sequence number of the engine's alerts since the daemon started (with `pid`, the key).
     pub id: u64,
     /// The engine process.
     pub pid: u32,
@@ -118,7 +118,7 @@ impl Shared {
     /// Records an alert event (`alert_start` or `alert_end`) in memory and in the log.
     pub fn alert_event(&self, event: &str, alert: &Alert) {
         let mut recent = self.alerts.lock().expect("alerts lock");
-        match recent.iter_mut().rev().find(|a| a.id == alert.id) {
+        match recent.iter_mut().rev().find(|a| a.pid == alert.pid && a.id == alert.id) {
             Some(a) => *a = alert.clone(),
             None => {
                 recent.push_back(alert.clone());
