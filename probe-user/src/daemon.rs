@@ -147,15 +147,19 @@ fn is_not_python(e: &anyhow::Error) -> bool {
     })
 }
 
-fn matches(pid: u32, patterns: &[String]) -> bool {
-    if patterns.is_empty() {
-        return false;
+/// A process's name and command line, read once per rescan.
+struct Named {
+    pid: u32,
+    comm: String,
+    cmdline: String,
+}
+
+impl Named {
+    fn matches(&self, patterns: &[String]) -> bool {
+        patterns
+            .iter()
+            .any(|p| self.comm.contains(p.as_str()) || self.cmdline.contains(p.as_str()))
     }
-    let comm = procfs::thread_comm(pid, pid).unwrap_or_default();
-    let cmd = procfs::cmdline(pid).unwrap_or_default();
-    patterns
-        .iter()
-        .any(|p| comm.contains(p.as_str()) || cmd.contains(p.as_str()))
 }
 
 impl Daemon<'_> {
@@ -169,15 +173,20 @@ impl Daemon<'_> {
     /// Follows processes coming and going: kernel-plane watches and sentinel engines.
     fn rescan(&mut self, plane: &mut KernelPlane) {
         let me = std::process::id();
-        let all: Vec<u32> = procfs::all_pids()
+        let all: Vec<Named> = procfs::all_pids()
             .into_iter()
             .filter(|&p| p != me)
+            .map(|pid| Named {
+                pid,
+                comm: procfs::thread_comm(pid, pid).unwrap_or_default(),
+                cmdline: procfs::cmdline(pid).unwrap_or_default(),
+            })
             .collect();
         let explicit = &self.cfg.watch.pids;
         let engines: BTreeSet<u32> = if explicit.is_empty() {
             all.iter()
-                .copied()
-                .filter(|&p| matches(p, &self.cfg.sentinel.engine_patterns))
+                .filter(|p| p.matches(&self.cfg.sentinel.engine_patterns))
+                .map(|p| p.pid)
                 .collect()
         } else {
             explicit
@@ -188,11 +197,11 @@ impl Daemon<'_> {
         };
         let mut wanted: BTreeSet<u32> = all
             .iter()
-            .copied()
-            .filter(|&p| matches(p, &self.cfg.watch.process_patterns))
+            .filter(|p| p.matches(&self.cfg.watch.process_patterns))
+            .map(|p| p.pid)
             .collect();
         wanted.extend(&engines);
-        // Engines that exited, or whose probe removed itself: detach and forget.
+        // Engines that exited (or no longer match): detach and forget.
         let gone: Vec<u32> = self
             .engines
             .keys()
@@ -251,17 +260,14 @@ impl Daemon<'_> {
         for pid in self.watched.clone().difference(&wanted) {
             let _ = plane.unwatch(*pid);
             self.watched.remove(pid);
-            let threads = self.threads.remove(pid).unwrap_or_default();
-            for (tid, comm) in &threads {
-                for s in THREAD_STATES {
-                    let _ = self.shared.metrics.thread_seconds.remove_label_values(&[
-                        pid.to_string().as_str(),
-                        tid,
-                        comm,
-                        s,
-                    ]);
-                }
-            }
+            let threads: Vec<(String, String)> = self
+                .threads
+                .remove(pid)
+                .map(|t| t.into_iter().collect())
+                .unwrap_or_default();
+            self.shared
+                .metrics
+                .forget_threads(&pid.to_string(), &threads);
         }
     }
 

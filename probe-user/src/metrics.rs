@@ -105,6 +105,18 @@ impl Metrics {
         String::from_utf8(buf).expect("the text format is UTF-8")
     }
 
+    /// Removes the kernel-time series of a process's threads (`threads`: the (tid, comm)
+    /// labels used).
+    pub fn forget_threads(&self, pid: &str, threads: &[(String, String)]) {
+        for (tid, comm) in threads {
+            for state in THREAD_STATES {
+                let _ = self
+                    .thread_seconds
+                    .remove_label_values(&[pid, tid, comm, state]);
+            }
+        }
+    }
+
     /// Removes an engine's series once it is gone (`threads`: the (tid, comm) labels used).
     pub fn forget_engine(&self, pid: &str, framework: &str, threads: &[(String, String)]) {
         for stage in ["prefill", "decode", "mixed"] {
@@ -114,13 +126,7 @@ impl Metrics {
         for state in ["warming", "fitting", "fitted"] {
             let _ = self.model_state.remove_label_values(&[pid, state]);
         }
-        for (tid, comm) in threads {
-            for state in THREAD_STATES {
-                let _ = self
-                    .thread_seconds
-                    .remove_label_values(&[pid, tid, comm, state]);
-            }
-        }
+        self.forget_threads(pid, threads);
         let _ = self.engines.remove_label_values(&[pid, framework]);
         for g in [&self.predicted, &self.error, &self.error_mean, &self.ucl] {
             let _ = g.remove_label_values(&[pid]);

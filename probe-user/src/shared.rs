@@ -118,7 +118,11 @@ impl Shared {
     /// Records an alert event (`alert_start` or `alert_end`) in memory and in the log.
     pub fn alert_event(&self, event: &str, alert: &Alert) {
         let mut recent = self.alerts.lock().expect("alerts lock");
-        match recent.iter_mut().rev().find(|a| a.pid == alert.pid && a.id == alert.id) {
+        match recent
+            .iter_mut()
+            .rev()
+            .find(|a| a.pid == alert.pid && a.id == alert.id)
+        {
             Some(a) => *a = alert.clone(),
             None => {
                 recent.push_back(alert.clone());
