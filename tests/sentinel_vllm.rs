@@ -13,14 +13,14 @@ use std::{
     io::Write,
     net::TcpStream,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 
 mod common;
-use common::{free_port, http_get, require_root, stallscope};
+use common::{free_port, http_get, require_root, stallscope, Proc};
 
 /// Steady load with no alert for this long after the model is fitted: 10 minutes, or
 /// STALLSCOPE_VLLM_STEADY_S seconds (shorter runs while developing).
@@ -29,25 +29,6 @@ fn steady() -> Duration {
         .ok()
         .and_then(|s| s.parse().ok());
     Duration::from_secs(s.unwrap_or(600))
-}
-
-/// A child in its own process group, killed with the whole group when dropped (the load
-/// generator's Python child included).
-struct Proc(Child);
-
-impl Proc {
-    fn spawn(cmd: &mut Command) -> Proc {
-        use std::os::unix::process::CommandExt;
-        Proc(cmd.process_group(0).spawn().unwrap())
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on the group our child leads.
-        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
-        let _ = self.0.wait();
-    }
 }
 
 /// The CPUs the engine's forward pass may run on: the affinity of its worker's main thread

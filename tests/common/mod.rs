@@ -6,7 +6,7 @@ use std::{
     io::{Read, Write},
     net::{TcpListener, TcpStream},
     path::PathBuf,
-    process::Command,
+    process::{Child, Command},
     time::Duration,
 };
 
@@ -108,4 +108,24 @@ pub fn expect_success(cmd: &mut Command) -> Vec<u8> {
         String::from_utf8_lossy(&out.stderr)
     );
     out.stdout
+}
+
+/// A child in its own process group, killed with the whole group when dropped (children it
+/// started, such as the load generator's Python, included).
+pub struct Proc(pub Child);
+
+impl Proc {
+    /// Spawns `cmd` as the leader of a new process group.
+    pub fn spawn(cmd: &mut Command) -> Proc {
+        use std::os::unix::process::CommandExt;
+        Proc(cmd.process_group(0).spawn().unwrap())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the group our child leads.
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
 }
