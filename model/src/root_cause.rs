@@ -6,7 +6,8 @@
 //! series during it. Against the normal cycles' distribution, an event's shift is
 //! Z_β = Δβ / σ_β and the shift of the resource it uses is Z_μ = Δ log1p(μ) / σ_log1p(μ);
 //! the suspect's score is |Δβ| · (|Z_β| + |Z_μ|). An event that takes more of the cycle
-//! than usual, while the resource it waits on is busier than usual, ranks first.
+//! than usual, while the resource it waits on is busier than usual, ranks first. Events whose
+//! share grew rank before events whose share shrank.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -146,7 +147,14 @@ pub fn rank(
             }
         })
         .collect();
-    suspects.sort_by(|a, b| b.score.total_cmp(&a.score));
+    // An event that took less of the cycle cannot explain a slower cycle: events that grew
+    // rank before those that shrank (a shrinking "running" share mirrors a growing
+    // "runnable" one with the same score), each group by score.
+    suspects.sort_by(|a, b| {
+        (b.delta_beta > 0.0)
+            .cmp(&(a.delta_beta > 0.0))
+            .then(b.score.total_cmp(&a.score))
+    });
     let mut shifts: Vec<SeriesShift> = shifts.into_values().collect();
     shifts.sort_by(|a, b| b.z.abs().total_cmp(&a.z.abs()));
     (suspects, shifts)
@@ -189,7 +197,14 @@ mod tests {
     #[test]
     fn the_event_that_grew_with_its_busier_resource_ranks_first() {
         let normal: Vec<Cycle> = (0..20)
-            .map(|i| cycle(0.02 + 0.001 * (i % 3) as f64, 0.5, 50.0 + (i % 5) as f64, 0.0))
+            .map(|i| {
+                cycle(
+                    0.02 + 0.001 * (i % 3) as f64,
+                    0.5,
+                    50.0 + (i % 5) as f64,
+                    0.0,
+                )
+            })
             .collect();
         // Runnable time grows to 30 % of the cycle while the CPUs are saturated; the Python
         // function's share moves a little.
@@ -203,6 +218,20 @@ mod tests {
         assert!(suspects[0].z_mu > 3.0, "{:?}", suspects[0]);
         assert!((suspects[0].delta_beta - 0.279).abs() < 0.01);
         assert!(suspects[0].score > suspects[1].score * 10.0);
+        // A mirror image (the same |Δβ| and Z, but shrinking) ranks after the grown event.
+        let mirror = |c: &Cycle, sign: f64| {
+            let mut c = c.clone();
+            let r = c.shares[&key(EventKind::ThreadState, "runnable w")];
+            c.shares
+                .insert(key(EventKind::ThreadState, "running w"), 1.0 - sign * r);
+            c
+        };
+        let n: Vec<Cycle> = normal.iter().map(|c| mirror(c, 1.0)).collect();
+        let a: Vec<Cycle> = anomalous.iter().map(|c| mirror(c, 1.0)).collect();
+        let (s, _) = rank(&n, &a, |_| vec!["cpu".into()]);
+        assert_eq!(s[0].name, "runnable w");
+        assert_eq!(s[1].name, "running w");
+        assert!((s[0].score - s[1].score).abs() < 1e-9);
         assert_eq!(shifts[0].name, "cpu");
     }
 

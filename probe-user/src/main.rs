@@ -21,6 +21,7 @@ mod procfs;
 mod python_plane;
 mod shared;
 mod syscall_names;
+mod telemetry;
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -80,6 +81,10 @@ enum Command {
     /// Account every thread of a process over a window (on-CPU, run-queue wait, blocked
     /// time, context switches, top syscalls) and time its watched Python functions.
     Probe(probe_cmd::ProbeArgs),
+    /// Capture a bounded window of everything (raw scheduler and syscall events, wider
+    /// Python probes, py-spy stack samples, host telemetry) into one Perfetto trace, and rank
+    /// root causes against a normal reference window (`--baseline`). The target keeps running.
+    DeepDive(deep_dive::cmd::DeepDiveArgs),
     /// Print the Python stack of every thread of a process (a hang dump), sampled with py-spy
     /// without pausing it.
     Dump {
@@ -139,6 +144,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Fit(args) => model_cmd::fit(&args),
         Command::Predict(args) => model_cmd::predict(&args),
         Command::Probe(args) => rt.block_on(probe_cmd::run(&args, &paths)),
+        Command::DeepDive(args) => rt.block_on(deep_dive::cmd::run(&args, &paths)),
         Command::Dump { pid, json } => {
             let stacks = pyframe_tracer::sampling::Sampler::new(pid)?.sample()?;
             if json {

@@ -36,6 +36,7 @@ pub fn run() -> Result<()> {
     tracefs()?;
     packages()?;
     python_targets()?;
+    perfetto_venv()?;
     crate::cargo(&[
         "build",
         "--release",
@@ -247,4 +248,42 @@ fn packages() -> Result<()> {
             .env("DEBIAN_FRONTEND", "noninteractive")
             .args(&needed),
     )
+}
+
+/// PyPI's `perfetto` package (its bundled `perfetto_trace_pb2` decodes our traces in the
+/// deep-dive tests; its trace processor needs a download and is not used).
+const PERFETTO: [&str; 2] = ["perfetto==0.59.1", "protobuf==7.36.2"];
+
+/// The venv the trace tests decode with: `<cache>/perfetto-venv`, rebuilt only when its
+/// recipe changes.
+fn perfetto_venv() -> Result<()> {
+    let dir = cache_dir().join("perfetto-venv");
+    let base = pyenv_python("3.11").context("pyenv CPython 3.11 is missing")?;
+    let recipe = format!("python {}\n{}\n", base.display(), PERFETTO.join(" "));
+    if crate::vllm::is_current(&dir, &recipe) {
+        return Ok(());
+    }
+    eprintln!("setup: building {} ({})", dir.display(), PERFETTO.join(" "));
+    let uv = crate::vllm::uv(&base)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let uv_cmd = || {
+        let mut c = Command::new(&uv);
+        c.env("UV_CACHE_DIR", cache_dir().join("uv-cache"))
+            .env("UV_PYTHON_DOWNLOADS", "never");
+        c
+    };
+    crate::run_checked(
+        uv_cmd()
+            .args(["venv", "--quiet", "--python"])
+            .arg(&base)
+            .arg(&dir),
+    )?;
+    crate::run_checked(
+        uv_cmd()
+            .args(["pip", "install", "--quiet", "--python"])
+            .arg(dir.join("bin/python"))
+            .args(PERFETTO),
+    )?;
+    std::fs::write(crate::vllm::stamp(&dir), recipe)?;
+    Ok(())
 }

@@ -116,12 +116,12 @@ fn run_dir() -> PathBuf {
 }
 
 /// The file in a built directory that names what it was built from.
-fn stamp(dir: &Path) -> PathBuf {
+pub fn stamp(dir: &Path) -> PathBuf {
     dir.join(".stallscope-stamp")
 }
 
 /// Whether `dir` was completely built from `recipe`.
-fn is_current(dir: &Path, recipe: &str) -> bool {
+pub fn is_current(dir: &Path, recipe: &str) -> bool {
     fs::read_to_string(stamp(dir)).is_ok_and(|s| s == recipe)
 }
 
@@ -146,7 +146,7 @@ fn venv_python() -> Result<PathBuf> {
 }
 
 /// `uv` in its bootstrap venv (installed with pip on first use).
-fn uv(base: &Path) -> Result<PathBuf> {
+pub fn uv(base: &Path) -> Result<PathBuf> {
     let dir = cache_dir().join("vllm-uv");
     let bin = dir.join("bin/uv");
     let version = UV.trim_start_matches("uv==");

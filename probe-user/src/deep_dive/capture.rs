@@ -1,0 +1,337 @@
+//! One deep-dive capture: raw kernel events of the target and its child processes, the
+//! Python plane with the profile's deep-dive functions, py-spy stack samples and host
+//! telemetry, bounded by an event budget. Everything carries CLOCK_MONOTONIC stamps.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use probe_common::Event;
+use pyframe_tracer::sampling::{Sampler as StackSampler, ThreadStack};
+
+use super::Drainer;
+use crate::{
+    clock,
+    kernel_plane::KernelPlane,
+    procfs,
+    python_plane::{Capture as PythonCapture, PythonReport, PythonRequest},
+    telemetry::{self, Telemetry},
+};
+
+/// What to capture.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The engine process (its child processes are captured too).
+    pub pid: u32,
+    /// Python plane request (deep-dive functions on).
+    pub python: PythonRequest,
+    /// py-spy stack samples per second (0: none).
+    pub sample_hz: f64,
+    /// Telemetry samples per second.
+    pub telemetry_hz: f64,
+    /// Kernel events kept at most; the rest are counted as dropped.
+    pub max_events: usize,
+}
+
+/// A thread seen during the capture.
+#[derive(Debug, Clone)]
+pub struct ThreadInfo {
+    /// Its process.
+    pub pid: u32,
+    /// Its name.
+    pub comm: String,
+}
+
+/// What a capture collected.
+#[derive(Debug, Default)]
+pub struct Collected {
+    /// The engine process.
+    pub pid: u32,
+    /// When the capture was asked for (ns, CLOCK_MONOTONIC).
+    pub trigger_ns: u64,
+    /// Window start and end.
+    pub start_ns: u64,
+    /// Window end.
+    pub end_ns: u64,
+    /// Raw kernel events, in arrival order (per CPU in time order).
+    pub kernel: Vec<Event>,
+    /// Kernel events dropped by the event budget.
+    pub kernel_over_budget: u64,
+    /// Kernel events the kernel dropped (ring full).
+    pub kernel_lost: u64,
+    /// The Python plane's calls and probes (None when it could not attach).
+    pub python: Option<PythonReport>,
+    /// py-spy samples: (ns, stacks).
+    pub stacks: Vec<(u64, Vec<ThreadStack>)>,
+    /// Samples that failed.
+    pub stack_errors: u64,
+    /// Host telemetry.
+    pub telemetry: Telemetry,
+    /// Processes captured: pid → name.
+    pub processes: BTreeMap<u32, String>,
+    /// Threads of those processes: tid → info.
+    pub threads: BTreeMap<u32, ThreadInfo>,
+    /// Remarks (planes off, sources missing).
+    pub notes: Vec<String>,
+}
+
+impl Collected {
+    /// The earliest captured datum after the trigger (kernel event, telemetry sample or
+    /// Python call), ns.
+    pub fn first_event_ns(&self) -> Option<u64> {
+        let kernel = self.kernel.iter().map(|e| e.ts_ns).min();
+        let telemetry = self
+            .telemetry
+            .series
+            .values()
+            .filter_map(|s| s.points.first().map(|p| p.0))
+            .min();
+        let python = self
+            .python
+            .as_ref()
+            .and_then(|p| p.calls.iter().map(|c| c.end_ns).min());
+        [kernel, telemetry, python]
+            .into_iter()
+            .flatten()
+            .filter(|&t| t >= self.trigger_ns)
+            .min()
+    }
+}
+
+struct KernelStore {
+    events: Vec<Event>,
+    over_budget: u64,
+    max: usize,
+}
+
+/// A capture in progress.
+pub struct Running {
+    opts: Options,
+    trigger_ns: u64,
+    start_ns: u64,
+    lost_at_start: u64,
+    store: Arc<Mutex<KernelStore>>,
+    drainer: Option<Drainer>,
+    python: Option<PythonCapture>,
+    stacks: Option<StackThread>,
+    telemetry: telemetry::Sampler,
+    processes: BTreeMap<u32, String>,
+    threads: BTreeMap<u32, ThreadInfo>,
+    notes: Vec<String>,
+}
+
+/// The target and its descendants.
+pub fn process_tree(pid: u32) -> Vec<u32> {
+    let all: Vec<(u32, Option<u32>)> = procfs::all_pids()
+        .into_iter()
+        .map(|p| (p, procfs::parent(p)))
+        .collect();
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            all.iter()
+                .filter(|(_, pp)| *pp == Some(parent))
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    tree
+}
+
+impl Running {
+    /// Starts capturing. `plane` must be loaded; its deep-dive ring must not be taken yet.
+    pub fn start(opts: Options, plane: &mut KernelPlane) -> Result<Running> {
+        let trigger_ns = clock::monotonic_ns();
+        let pid = opts.pid;
+        let mut notes = Vec::new();
+        let telemetry =
+            telemetry::Sampler::start(Duration::from_secs_f64(1.0 / opts.telemetry_hz.max(1.0)));
+        for p in process_tree(pid) {
+            plane
+                .watch(p)
+                .with_context(|| format!("watching process {p} in the kernel plane"))?;
+        }
+        let store = Arc::new(Mutex::new(KernelStore {
+            events: Vec::with_capacity(opts.max_events.min(1 << 20)),
+            over_budget: 0,
+            max: opts.max_events,
+        }));
+        let sink = store.clone();
+        let ring = plane
+            .take_ring()
+            .context("the kernel plane's event ring is already in use by another deep dive")?;
+        let drainer = Drainer::start(ring, move |e| {
+            let mut s = sink.lock().expect("kernel store lock");
+            if s.events.len() < s.max {
+                s.events.push(*e);
+            } else {
+                s.over_budget += 1;
+            }
+        });
+        plane.set_deep_dive(true)?;
+        let lost_at_start = plane.lost_events();
+        let python = match PythonCapture::start(pid as i32, &opts.python)? {
+            Ok(c) => Some(c),
+            Err(why) => {
+                notes.extend(why.map(|w| format!("python plane off: {w}")));
+                None
+            }
+        };
+        let stacks = (opts.sample_hz > 0.0)
+            .then(|| start_stack_sampler(pid, opts.sample_hz, &mut notes))
+            .flatten();
+        let mut r = Running {
+            opts,
+            trigger_ns,
+            start_ns: clock::monotonic_ns(),
+            lost_at_start,
+            store,
+            drainer: Some(drainer),
+            python,
+            stacks,
+            telemetry,
+            processes: BTreeMap::new(),
+            threads: BTreeMap::new(),
+            notes,
+        };
+        r.poll();
+        Ok(r)
+    }
+
+    /// Moves Python records out of their ring and refreshes thread names; call every few
+    /// tens of ms.
+    pub fn poll(&mut self) {
+        if let Some(p) = self.python.as_mut() {
+            p.poll();
+        }
+        for p in process_tree(self.opts.pid) {
+            if let Some(comm) = procfs::thread_comm(p, p) {
+                self.processes.insert(p, comm);
+            }
+            for tid in procfs::threads(p) {
+                if let Some(comm) = procfs::thread_comm(p, tid) {
+                    self.threads.insert(tid, ThreadInfo { pid: p, comm });
+                }
+            }
+        }
+    }
+
+    /// Kernel events kept so far.
+    pub fn kernel_events(&self) -> usize {
+        self.store.lock().expect("kernel store lock").events.len()
+    }
+
+    /// Stops every source, restores the target, and returns what was captured.
+    pub fn finish(mut self, plane: &mut KernelPlane) -> Result<Collected> {
+        self.poll();
+        let end_ns = clock::monotonic_ns();
+        plane.set_deep_dive(false)?;
+        let kernel_lost = plane.lost_events().saturating_sub(self.lost_at_start);
+        if let Some(d) = self.drainer.take() {
+            let _ = d.stop();
+        }
+        let target_gone = !procfs::process_exists(self.opts.pid);
+        let python = self
+            .python
+            .take()
+            .map(|c| c.finish(target_gone))
+            .transpose()?;
+        let (stacks, stack_errors) = match self.stacks.take() {
+            Some((stop, h)) => {
+                stop.store(true, Ordering::Release);
+                h.join().unwrap_or_default()
+            }
+            None => (Vec::new(), 0),
+        };
+        let telemetry = self.telemetry.stop();
+        self.notes.extend(telemetry.missing.iter().cloned());
+        let store = std::mem::replace(
+            &mut *self.store.lock().expect("kernel store lock"),
+            KernelStore {
+                events: Vec::new(),
+                over_budget: 0,
+                max: 0,
+            },
+        );
+        if store.over_budget > 0 {
+            self.notes.push(format!(
+                "{} kernel events over the budget of {} were dropped (raise --max-events)",
+                store.over_budget, self.opts.max_events
+            ));
+        }
+        if kernel_lost > 0 {
+            self.notes.push(format!(
+                "the kernel dropped {kernel_lost} events (event ring full)"
+            ));
+        }
+        if target_gone {
+            self.notes.push(format!(
+                "process {} exited during the capture",
+                self.opts.pid
+            ));
+        }
+        Ok(Collected {
+            pid: self.opts.pid,
+            trigger_ns: self.trigger_ns,
+            start_ns: self.start_ns,
+            end_ns,
+            kernel: store.events,
+            kernel_over_budget: store.over_budget,
+            kernel_lost,
+            python,
+            stacks,
+            stack_errors,
+            telemetry,
+            processes: self.processes,
+            threads: self.threads,
+            notes: self.notes,
+        })
+    }
+}
+
+type StackThread = (
+    Arc<AtomicBool>,
+    JoinHandle<(Vec<(u64, Vec<ThreadStack>)>, u64)>,
+);
+
+/// py-spy in non-blocking mode on its own thread (it never pauses the target).
+fn start_stack_sampler(pid: u32, hz: f64, notes: &mut Vec<String>) -> Option<StackThread> {
+    let mut sampler = match StackSampler::new(pid as i32) {
+        Ok(s) => s,
+        Err(e) => {
+            notes.push(format!("no stack samples: {e}"));
+            return None;
+        }
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let period = Duration::from_secs_f64(1.0 / hz);
+    let handle = std::thread::Builder::new()
+        .name("stallscope-stacks".into())
+        .spawn(move || {
+            let mut out = Vec::new();
+            let mut errors = 0;
+            let mut next = std::time::Instant::now();
+            while !flag.load(Ordering::Acquire) {
+                let ts = clock::monotonic_ns();
+                match sampler.sample() {
+                    Ok(s) => out.push((ts, s)),
+                    Err(_) => errors += 1,
+                }
+                next += period;
+                std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
+            }
+            (out, errors)
+        })
+        .expect("spawning the stack sampler thread");
+    Some((stop, handle))
+}

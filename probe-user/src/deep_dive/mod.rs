@@ -1,0 +1,11 @@
+//! Deep dive: a bounded window of full-stack capture (raw kernel events, wider Python probes,
+//! py-spy stack samples, host telemetry), written as one Perfetto trace on CLOCK_MONOTONIC,
+//! and a root-cause ranking of the window against a normal reference of the same process.
+
+pub mod analysis;
+pub mod capture;
+pub mod cmd;
+mod drain;
+pub mod trace;
+
+pub use drain::{Drainer, EventCounts};
