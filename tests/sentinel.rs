@@ -4,7 +4,7 @@
 //! test is tests/sentinel_vllm.rs.
 
 use std::{
-    io::{Read, Write},
+    io::Write,
     net::{TcpListener, TcpStream},
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
@@ -16,36 +16,9 @@ use serde_json::Value;
 
 mod common;
 use common::{
-    expect_failure, expect_success, free_port, http_get, python, require_root, stallscope, Proc,
+    expect_failure, expect_success, free_port, http_get, require_root, stallscope, start_engine,
+    start_hog, tmpdir, Proc,
 };
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("stallscope-sentinel-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// The toy engine, pinned to CPU 0.
-fn start_engine() -> Proc {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_engine.py");
-    let mut p = Proc::spawn(
-        Command::new("taskset")
-            .args(["-c", "0"])
-            .arg(python("3.12"))
-            .arg(script)
-            .stdout(Stdio::piped()),
-    );
-    let mut first = [0u8; 6];
-    p.0.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
-    assert_eq!(&first, b"ready ");
-    p
-}
-
-/// A busy loop on CPU 0: the engine's steps take about twice as long.
-fn start_hog() -> Proc {
-    Proc::spawn(Command::new("taskset").args(["-c", "0", "sh", "-c", "while :; do :; done"]))
-}
 
 /// The daemon, configured for a generic engine, with its log in `dir/daemon.log`.
 struct Daemon {

@@ -6,7 +6,7 @@ use std::{
     io::{Read, Write},
     net::{TcpListener, TcpStream},
     path::PathBuf,
-    process::{Child, Command},
+    process::{Child, Command, Stdio},
     time::Duration,
 };
 
@@ -128,4 +128,33 @@ impl Drop for Proc {
         unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
         let _ = self.0.wait();
     }
+}
+
+/// A fresh scratch directory for one test.
+pub fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("stallscope-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The toy engine, pinned to CPU 0.
+pub fn start_engine() -> Proc {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_engine.py");
+    let mut p = Proc::spawn(
+        Command::new("taskset")
+            .args(["-c", "0"])
+            .arg(python("3.12"))
+            .arg(script)
+            .stdout(Stdio::piped()),
+    );
+    let mut first = [0u8; 6];
+    p.0.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"ready ");
+    p
+}
+
+/// A busy loop on CPU 0: the engine's steps take about twice as long.
+pub fn start_hog() -> Proc {
+    Proc::spawn(Command::new("taskset").args(["-c", "0", "sh", "-c", "while :; do :; done"]))
 }

@@ -384,6 +384,9 @@ pub fn category(s: &Suspect) -> String {
     }
 }
 
+/// |Z_β| below which the top suspect is reported as no real change.
+const SIGNIFICANT_Z: f64 = 2.0;
+
 /// Ranks the deep-dive window [split, end) against the normal window [start, split).
 pub fn root_cause(c: &Collected, timeline: &Timeline, split: u64) -> Report {
     let anchor = anchor(c);
@@ -403,6 +406,12 @@ pub fn root_cause(c: &Collected, timeline: &Timeline, split: u64) -> Report {
     let summary = match suspects.first() {
         None => "no normal reference or no cycles: nothing to compare (record one with --baseline)"
             .to_string(),
+        Some(s) if s.delta_beta <= 0.0 || s.z_beta.abs() < SIGNIFICANT_Z => format!(
+            "no event stands out against the normal reference (largest shift: {} {:+.1} % of the cycle, Z {:.1})",
+            s.name,
+            100.0 * s.delta_beta,
+            s.z_beta
+        ),
         Some(s) => format!(
             "most likely {}: {} {} took {:.1} % of each cycle instead of {:.1} % (Z {:.1}){}",
             category(s),
