@@ -6,6 +6,7 @@
 mod bench;
 mod bench_python;
 mod bench_sentinel;
+mod bench_trace;
 mod setup;
 mod vllm;
 
@@ -39,9 +40,9 @@ enum Task {
     Test,
     /// Run the benchmarks and print a Markdown report (see BENCHMARKS.md).
     Bench {
-        /// Only this part: `kernel`, `python` or `sentinel` (default: all; the sentinel's vLLM
+        /// Only this part: `kernel`, `python`, `sentinel` or `trace` (default: all; the sentinel's vLLM
         /// part needs `cargo xtask vllm up` first).
-        #[arg(long, value_parser = ["kernel", "python", "sentinel"])]
+        #[arg(long, value_parser = ["kernel", "python", "sentinel", "trace"])]
         only: Option<String>,
     },
     /// A real vLLM CPU server on loopback, the end-to-end target: `up`, `load`, `down`.
@@ -85,6 +86,9 @@ fn main() -> Result<()> {
             }
             if part("sentinel") {
                 bench_sentinel::run()?;
+            }
+            if part("trace") {
+                bench_trace::run()?;
             }
             Ok(())
         }
