@@ -10,7 +10,14 @@ use perfetto_writer::{ClockReadings, Extra, TraceWriter, Unit};
 const SLICES_PER_THREAD: u64 = 100_000;
 const THREADS: u32 = 16;
 const STATES: [&str; 3] = ["running", "runnable", "sleeping"];
-const SYSCALLS: [&str; 6] = ["futex", "read", "write", "sched_yield", "epoll_wait", "mmap"];
+const SYSCALLS: [&str; 6] = [
+    "futex",
+    "read",
+    "write",
+    "sched_yield",
+    "epoll_wait",
+    "mmap",
+];
 
 pub fn run() -> Result<()> {
     let out = BufWriter::with_capacity(1 << 20, std::fs::File::create("/dev/null")?);
@@ -30,7 +37,12 @@ pub fn run() -> Result<()> {
         for i in 0..SLICES_PER_THREAD {
             // A state slice of ~20 µs with a syscall inside it, like a busy engine thread.
             w.begin(states, ts, STATES[(i % 3) as usize], Extra::default())?;
-            w.begin(syscalls, ts + 2_000, SYSCALLS[(i % 6) as usize], Extra::default())?;
+            w.begin(
+                syscalls,
+                ts + 2_000,
+                SYSCALLS[(i % 6) as usize],
+                Extra::default(),
+            )?;
             w.end(syscalls, ts + 9_000 + i % 97)?;
             ts += 20_000 + (i % 13) * 100;
             w.end(states, ts)?;
