@@ -3,7 +3,7 @@
 
 use std::{collections::HashMap, fmt::Write as _, time::Duration};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use serde::Serialize;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -85,12 +85,7 @@ pub struct DeepDiveSummary {
 /// Runs the probe and prints its report.
 pub async fn run(args: &ProbeArgs, paths: &KernelPaths) -> Result<()> {
     let pid = args.pid;
-    if pid == 0 || !procfs::process_exists(pid) {
-        bail!("no such process: pid {pid} does not exist (check it with `ps -p {pid}`)");
-    }
-    if pid == std::process::id() {
-        bail!("pid {pid} is stallscope itself; give the pid of the process to watch");
-    }
+    procfs::require_target(pid)?;
     let request = PythonRequest {
         framework: args.framework.clone(),
         watch: args.watch.clone(),

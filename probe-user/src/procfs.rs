@@ -15,6 +15,18 @@ pub fn process_exists(pid: u32) -> bool {
     }
 }
 
+/// Checks that `pid` names a live process other than stallscope itself (the target of a
+/// probe or a deep dive); the error says how to find the right pid.
+pub fn require_target(pid: u32) -> anyhow::Result<()> {
+    if pid == 0 || !process_exists(pid) {
+        anyhow::bail!("no such process: pid {pid} does not exist (check it with `ps -p {pid}`)");
+    }
+    if pid == std::process::id() {
+        anyhow::bail!("pid {pid} is stallscope itself; give the pid of the process to watch");
+    }
+    Ok(())
+}
+
 /// The thread ids of `pid` right now (empty if it is gone).
 pub fn threads(pid: u32) -> Vec<u32> {
     let Ok(dir) = fs::read_dir(proc_dir(pid).join("task")) else {

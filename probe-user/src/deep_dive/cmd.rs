@@ -82,12 +82,7 @@ struct DeepDiveReport<'a> {
 /// Runs a deep dive and prints its summary.
 pub async fn run(args: &DeepDiveArgs, paths: &KernelPaths) -> Result<()> {
     let pid = args.pid;
-    if pid == 0 || !procfs::process_exists(pid) {
-        bail!("no such process: pid {pid} does not exist (check it with `ps -p {pid}`)");
-    }
-    if pid == std::process::id() {
-        bail!("pid {pid} is stallscope itself; give the pid of the engine");
-    }
+    procfs::require_target(pid)?;
     if args.duration.is_zero() {
         bail!("--duration must be longer than 0");
     }
