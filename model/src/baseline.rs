@@ -36,6 +36,9 @@ pub struct BaselineParams {
     pub k_sigma: f64,
     /// Ceiling of the UCL (a relative error, 0.5 = 50 %).
     pub theta_max: f64,
+    /// Floor of the UCL: slowdowns below this relative error never alert, however tight
+    /// the training residuals were (0 = no floor).
+    pub theta_min: f64,
     /// ε of the error E = max(0, (y − ŷ)/(y + ε)), µs.
     pub epsilon_us: f64,
 }
@@ -47,6 +50,7 @@ impl Default for BaselineParams {
             folds: 5,
             k_sigma: 3.0,
             theta_max: 0.5,
+            theta_min: 0.0,
             epsilon_us: 1.0,
         }
     }
@@ -91,7 +95,10 @@ pub struct Ucl {
     pub k_sigma: f64,
     /// θmax.
     pub theta_max: f64,
-    /// min(μ + kσ, θmax).
+    /// θmin (models saved before it existed read as 0).
+    #[serde(default)]
+    pub theta_min: f64,
+    /// min(μ + kσ, θmax), raised to θmin.
     pub limit: f64,
 }
 
@@ -177,7 +184,10 @@ impl Baseline {
                 sigma,
                 k_sigma: params.k_sigma,
                 theta_max: params.theta_max,
-                limit: (mean + params.k_sigma * sigma).min(params.theta_max),
+                theta_min: params.theta_min,
+                limit: (mean + params.k_sigma * sigma)
+                    .min(params.theta_max)
+                    .max(params.theta_min),
             },
             gbdt: fit_gbdt(samples, &params.gbdt)?,
         })
@@ -243,6 +253,24 @@ mod tests {
         let w = synthetic(1, 99)[0];
         let p = b.predict(&w.workload);
         assert!(((p - w.duration_us) / w.duration_us).abs() < 0.05);
+    }
+
+    #[test]
+    fn theta_min_floors_the_ucl() {
+        let data = synthetic(1000, 5);
+        let tight = Baseline::fit(&data, &BaselineParams::default(), fp()).unwrap();
+        assert!(tight.ucl.limit < 0.1, "{:?}", tight.ucl);
+        let params = BaselineParams {
+            theta_min: 0.15,
+            ..BaselineParams::default()
+        };
+        let floored = Baseline::fit(&data, &params, fp()).unwrap();
+        assert_eq!(floored.ucl.limit, 0.15);
+        assert_eq!(floored.ucl.mean, tight.ucl.mean);
+        // A model saved before θmin existed still loads, with no floor.
+        let old = tight.to_json().replace(",\"theta_min\":0.0", "");
+        assert!(!old.contains("theta_min"));
+        assert_eq!(Baseline::from_json(&old).unwrap().ucl.theta_min, 0.0);
     }
 
     #[test]

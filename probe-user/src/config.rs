@@ -23,6 +23,115 @@ pub struct Config {
     pub http: HttpConfig,
     /// Where state and logs go.
     pub state: StateConfig,
+    /// Deep dives taken by the daemon (on alerts and over HTTP).
+    #[serde(default)]
+    pub deep_dive: DeepDiveConfig,
+}
+
+/// Deep dives taken by the daemon: policy, what they capture, their bounds.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeepDiveConfig {
+    /// Take one when an alert starts.
+    pub on_alert: bool,
+    /// What to capture: any of `kernel` (raw sched/syscall events), `python` (the engine's
+    /// probe calls), `stacks` (py-spy samples), `telemetry` (host counters).
+    pub probes: Vec<String>,
+    /// Length of an alert's deep-dive window (and the default of an HTTP request).
+    #[serde(with = "duration_text")]
+    pub duration: Duration,
+    /// No alert-triggered deep dive sooner than this after the previous one started.
+    #[serde(with = "duration_text")]
+    pub cooldown: Duration,
+    /// At most this many deep dives (alert and HTTP) in any hour.
+    pub max_per_hour: usize,
+    /// Refresh the rolling normal reference this often while the engine is healthy.
+    #[serde(with = "duration_text")]
+    pub reference_every: Duration,
+    /// Length of a normal-reference recording.
+    #[serde(with = "duration_text")]
+    pub reference_duration: Duration,
+    /// py-spy samples per second.
+    pub stack_sample_hz: f64,
+    /// Host telemetry samples per second.
+    pub telemetry_hz: f64,
+    /// Raw kernel events kept per window (the rest are counted as dropped).
+    pub max_events: usize,
+    /// Trace bytes per deep dive (events past it are counted as dropped).
+    pub max_bytes: u64,
+    /// Where traces and reports go ("" = `<state.dir>/deep-dives`).
+    pub dir: PathBuf,
+    /// Bearer token `POST /api/v1/deep-dive` must present when the listener is not loopback
+    /// ("" = refused off loopback).
+    pub token: String,
+}
+
+impl Default for DeepDiveConfig {
+    fn default() -> Self {
+        Self {
+            on_alert: true,
+            probes: PROBES.iter().map(|p| p.to_string()).collect(),
+            duration: Duration::from_secs(3),
+            cooldown: Duration::from_secs(60),
+            max_per_hour: 6,
+            reference_every: Duration::from_secs(600),
+            reference_duration: Duration::from_secs(2),
+            stack_sample_hz: 100.0,
+            telemetry_hz: 100.0,
+            max_events: 2_000_000,
+            max_bytes: 256 << 20,
+            dir: PathBuf::new(),
+            token: String::new(),
+        }
+    }
+}
+
+/// The probes a deep dive can turn on.
+pub const PROBES: [&str; 4] = ["kernel", "python", "stacks", "telemetry"];
+
+/// Longest deep-dive or reference window.
+pub const MAX_WINDOW: Duration = Duration::from_secs(120);
+
+impl DeepDiveConfig {
+    /// Whether `probe` (one of [`PROBES`]) is on.
+    pub fn has(&self, probe: &str) -> bool {
+        self.probes.iter().any(|p| p == probe)
+    }
+
+    /// The directory of traces and reports.
+    pub fn dir(&self, state: &StateConfig) -> PathBuf {
+        if self.dir.as_os_str().is_empty() {
+            state.dir.join("deep-dives")
+        } else {
+            self.dir.clone()
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if let Some(p) = self.probes.iter().find(|p| !PROBES.contains(&p.as_str())) {
+            bail!("deep_dive.probes: unknown probe {p:?} (known: {PROBES:?})");
+        }
+        for (key, d) in [
+            ("duration", self.duration),
+            ("reference_duration", self.reference_duration),
+        ] {
+            if d.is_zero() || d > MAX_WINDOW {
+                bail!(
+                    "deep_dive.{key} must be above 0 and at most {MAX_WINDOW:?} (such as \"3s\")"
+                );
+            }
+        }
+        if !(self.stack_sample_hz >= 0.0 && self.stack_sample_hz <= 1000.0) {
+            bail!("deep_dive.stack_sample_hz must be between 0 and 1000");
+        }
+        if !(self.telemetry_hz >= 1.0 && self.telemetry_hz <= 1000.0) {
+            bail!("deep_dive.telemetry_hz must be between 1 and 1000");
+        }
+        if self.max_events == 0 || self.max_bytes == 0 {
+            bail!("deep_dive.max_events and deep_dive.max_bytes must be above 0");
+        }
+        Ok(())
+    }
 }
 
 /// What the daemon watches.
@@ -66,6 +175,9 @@ pub struct SentinelConfig {
     pub poll_interval: Duration,
     /// θmax.
     pub theta_max: f64,
+    /// θmin: the UCL never goes below it (0, the default, is no floor).
+    #[serde(default)]
+    pub theta_min: f64,
     /// k.
     pub k_sigma: f64,
     /// W.
@@ -100,6 +212,7 @@ impl SentinelConfig {
             baseline: BaselineParams {
                 k_sigma: self.k_sigma,
                 theta_max: self.theta_max,
+                theta_min: self.theta_min,
                 ..BaselineParams::default()
             },
             detector: DetectorParams {
@@ -161,6 +274,9 @@ impl Config {
         if !(s.theta_max > 0.0 && s.theta_max.is_finite()) {
             bail!("sentinel.theta_max must be a positive number (a relative error such as 0.5)");
         }
+        if !(0.0..=s.theta_max).contains(&s.theta_min) {
+            bail!("sentinel.theta_min must be between 0 and theta_max (a relative error such as 0.15)");
+        }
         if !(s.k_sigma > 0.0 && s.k_sigma.is_finite()) {
             bail!("sentinel.k_sigma must be a positive number (such as 3.0)");
         }
@@ -177,6 +293,7 @@ impl Config {
             bail!("sentinel.poll_interval must be above zero (such as \"1ms\")");
         }
         s.watch_specs()?;
+        self.deep_dive.validate()?;
         if s.framework != "auto" {
             pyframe_tracer::profiles::by_name(&s.framework)
                 .map_err(|e| anyhow::anyhow!("sentinel.framework: {e}"))?;

@@ -1,7 +1,8 @@
 //! `stallscope run`: the long-running sidecar. Discovers engine processes (or takes
 //! `--pid`), attaches the Python probes and runs the sentinel on each, accounts their threads
-//! in the kernel, serves the HTTP API, re-attaches when an engine restarts, and detaches
-//! everything on SIGINT/SIGTERM.
+//! in the kernel, serves the HTTP API, takes deep dives (on alerts, on request, and normal
+//! references while healthy), re-attaches when an engine restarts, and detaches everything
+//! on SIGINT/SIGTERM.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -18,6 +19,10 @@ use log::{info, warn};
 use crate::{
     accounting,
     config::Config,
+    deep_dive::{
+        job::{Job, Purpose, References},
+        registry::Request,
+    },
     engine::Engine,
     export::IterationCsv,
     features::{Features, KernelPaths},
@@ -51,6 +56,11 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         kernel_only: BTreeSet::new(),
         watched: BTreeSet::new(),
         threads: BTreeMap::new(),
+        job: None,
+        writers: Vec::new(),
+        references: References::default(),
+        reference_at: BTreeMap::new(),
+        alert_dive_at: None,
     };
     // Engines named with --pid must attach now: a wrong pid is an error, not a retry. A pid
     // that is not a Python process gets the kernel plane only.
@@ -73,10 +83,10 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
     }
     let stop = Arc::new(AtomicBool::new(false));
     let http_thread = {
-        let (shared, stop) = (shared.clone(), stop.clone());
+        let (shared, stop, dd) = (shared.clone(), stop.clone(), cfg.deep_dive.clone());
         std::thread::Builder::new()
             .name("stallscope-http".into())
-            .spawn(move || http::serve(listener, shared, stop))?
+            .spawn(move || http::serve(listener, shared, dd, stop))?
     };
     info!(
         "stallscope running: sentinel on engines matching {:?}{}, serving on http://{}",
@@ -99,6 +109,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         for e in daemon.engines.values_mut() {
             e.tick(&shared, &mut export);
         }
+        daemon.deep_dives(&mut plane);
         if Instant::now() >= report_at {
             last = daemon.account(&mut plane, &last);
             report_at = Instant::now() + cfg.report.interval;
@@ -107,6 +118,12 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
             }
         }
         std::thread::sleep(cfg.sentinel.poll_interval);
+    }
+    if let Some(job) = daemon.job.take() {
+        job.abandon(&mut plane);
+    }
+    for w in std::mem::take(&mut daemon.writers) {
+        let _ = w.join();
     }
     for (_, e) in std::mem::take(&mut daemon.engines) {
         let threads = daemon.thread_labels(e.pid);
@@ -135,6 +152,16 @@ struct Daemon<'a> {
     watched: BTreeSet<u32>,
     /// (tid, comm) label pairs used per pid, to remove their series later.
     threads: BTreeMap<u32, BTreeSet<(String, String)>>,
+    /// The capture in progress (one at a time: the kernel plane has one event ring).
+    job: Option<Job>,
+    /// Writer threads of finished captures (joined on exit, so no trace is cut short).
+    writers: Vec<std::thread::JoinHandle<()>>,
+    /// Each engine's latest normal reference.
+    references: References,
+    /// When each engine's last normal reference was started.
+    reference_at: BTreeMap<u32, Instant>,
+    /// When the last alert-triggered deep dive started (for the cooldown).
+    alert_dive_at: Option<Instant>,
 }
 
 /// Whether an attach failed because the process is not Python at all.
@@ -163,6 +190,159 @@ impl Named {
 }
 
 impl Daemon<'_> {
+    /// Runs the deep-dive machinery once per loop: feeds and finishes the capture in
+    /// progress, then starts the next one (an alert's, a requested one, or a due normal
+    /// reference), in that order of priority.
+    fn deep_dives(&mut self, plane: &mut KernelPlane) {
+        let dd = &self.cfg.deep_dive;
+        if let Some(job) = &mut self.job {
+            if let Some(e) = self.engines.get_mut(&job.pid) {
+                job.feed(e.drain_tap());
+            }
+            if job.poll() {
+                let job = self.job.take().expect("checked");
+                self.finish(job, plane);
+            }
+        }
+        let alerts: Vec<(u32, u64)> = self
+            .engines
+            .iter_mut()
+            .filter_map(|(&pid, e)| e.take_new_alert().map(|a| (pid, a)))
+            .collect();
+        for (pid, alert) in alerts {
+            if !dd.on_alert {
+                continue;
+            }
+            if let Some(t) = self.alert_dive_at.filter(|t| t.elapsed() < dd.cooldown) {
+                info!(
+                    "engine {pid}: no deep dive for alert {alert}: the last one started {:.0?} ago ([deep_dive] cooldown {:?})",
+                    t.elapsed(),
+                    dd.cooldown
+                );
+                continue;
+            }
+            // An alert outranks a normal-reference recording in progress.
+            if self
+                .job
+                .as_ref()
+                .is_some_and(|j| matches!(j.purpose, Purpose::Reference))
+            {
+                let job = self.job.take().expect("checked");
+                self.stop_tap(job.pid);
+                self.reference_at.remove(&job.pid);
+                job.abandon(plane);
+            }
+            let admitted = self.shared.deep_dives.lock().expect("registry").admit(
+                pid,
+                format!("alert {alert}"),
+                dd.duration,
+                Duration::ZERO,
+                dd.max_per_hour,
+                false,
+            );
+            match admitted {
+                Ok(id) => {
+                    self.alert_dive_at = Some(Instant::now());
+                    let req = Request {
+                        id,
+                        pid,
+                        duration: dd.duration,
+                        baseline: Duration::ZERO,
+                    };
+                    self.start(Purpose::DeepDive(req), pid, plane);
+                }
+                Err(why) => info!("engine {pid}: no deep dive for alert {alert}: {why}"),
+            }
+        }
+        if self.job.is_none() {
+            let next = self
+                .shared
+                .deep_dives
+                .lock()
+                .expect("registry")
+                .next_request();
+            if let Some(req) = next {
+                let pid = req.pid;
+                self.start(Purpose::DeepDive(req), pid, plane);
+            }
+        }
+        if self.job.is_none() {
+            let due = self.engines.iter().find(|(pid, e)| {
+                e.healthy()
+                    && self
+                        .reference_at
+                        .get(pid)
+                        .is_none_or(|t| t.elapsed() >= dd.reference_every)
+            });
+            if let Some((&pid, _)) = due {
+                self.reference_at.insert(pid, Instant::now());
+                self.start(Purpose::Reference, pid, plane);
+            }
+        }
+    }
+
+    /// Starts a capture of engine `pid`, fed by its probe calls.
+    fn start(&mut self, purpose: Purpose, pid: u32, plane: &mut KernelPlane) {
+        let id = match &purpose {
+            Purpose::DeepDive(r) => Some(r.id),
+            Purpose::Reference => None,
+        };
+        let Some(engine) = self.engines.get_mut(&pid) else {
+            if let Some(id) = id {
+                let why = format!("engine {pid} is no longer attached");
+                self.shared
+                    .deep_dives
+                    .lock()
+                    .expect("registry")
+                    .fail(id, why);
+            }
+            return;
+        };
+        let source = engine.start_tap();
+        match Job::start(purpose, pid, source, &self.cfg.deep_dive, plane) {
+            Ok(job) => {
+                match id {
+                    Some(id) => info!("engine {pid}: deep dive {id} started"),
+                    None => info!("engine {pid}: recording a normal reference"),
+                }
+                self.job = Some(job);
+            }
+            Err(e) => {
+                warn!("engine {pid}: cannot start a capture: {e:#}");
+                self.stop_tap(pid);
+                if let Some(id) = id {
+                    self.shared
+                        .deep_dives
+                        .lock()
+                        .expect("registry")
+                        .fail(id, format!("{e:#}"));
+                }
+            }
+        }
+    }
+
+    /// Hands a finished capture to a writer thread.
+    fn finish(&mut self, job: Job, plane: &mut KernelPlane) {
+        self.stop_tap(job.pid);
+        let dd = &self.cfg.deep_dive;
+        self.writers.retain(|w| !w.is_finished());
+        if let Some(w) = job.finish(
+            plane,
+            self.shared.clone(),
+            self.references.clone(),
+            dd.dir(&self.cfg.state),
+            dd.max_bytes,
+        ) {
+            self.writers.push(w);
+        }
+    }
+
+    fn stop_tap(&mut self, pid: u32) {
+        if let Some(e) = self.engines.get_mut(&pid) {
+            e.stop_tap();
+        }
+    }
+
     fn thread_labels(&self, pid: u32) -> Vec<(String, String)> {
         self.threads
             .get(&pid)

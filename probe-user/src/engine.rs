@@ -17,12 +17,13 @@ use model::{
 use pyframe_tracer::{
     profiles::{self, IterationFields},
     ring::Record,
-    AttachOptions, Framework, Session,
+    AttachOptions, Call, Framework, Session,
 };
 
 use crate::{
     clock::{monotonic_ns, unix_ms},
     config::Config,
+    deep_dive::capture::PythonSource,
     export::IterationCsv,
     iterations::Assembler,
     procfs,
@@ -53,6 +54,10 @@ pub struct Engine {
     lost_seen: u64,
     counts: BTreeMap<String, u64>,
     open_alert: Option<Alert>,
+    /// Id of an alert that started since the daemon last looked.
+    new_alert: Option<u64>,
+    /// Calls kept for a capture in progress (None: not tapped).
+    tap: Option<Vec<Call>>,
     status_at: Instant,
 }
 
@@ -132,6 +137,8 @@ impl Engine {
             lost_seen: 0,
             counts: BTreeMap::new(),
             open_alert: None,
+            new_alert: None,
+            tap: None,
             status_at: Instant::now() - STATUS_PERIOD,
         })
     }
@@ -143,6 +150,9 @@ impl Engine {
         let records = std::mem::take(&mut self.records);
         for r in &records {
             let call = self.session.call(r);
+            if let Some(tap) = &mut self.tap {
+                tap.push(call.clone());
+            }
             if let Some((_, seen)) = &mut self.discovery {
                 seen.entry(call.func.clone())
                     .or_default()
@@ -218,6 +228,7 @@ impl Engine {
             m.alerts.with_label_values(&pid).inc();
             m.anomaly_active.with_label_values(&pid).set(1);
             shared.alert_event("alert_start", &alert);
+            self.new_alert = Some(alert.id);
             self.open_alert = Some(alert);
         }
         if v.alert_ended {
@@ -237,6 +248,36 @@ impl Engine {
                 *export = None;
             }
         }
+    }
+
+    /// The id of an alert that started since the last call.
+    pub fn take_new_alert(&mut self) -> Option<u64> {
+        self.new_alert.take()
+    }
+
+    /// Whether the model is fitted and no alert is open: a time to record a normal reference.
+    pub fn healthy(&self) -> bool {
+        self.sentinel.state() == model::ModelState::Fitted && !self.sentinel.alerting()
+    }
+
+    /// Starts keeping every call for a capture, and describes the probes they come from.
+    pub fn start_tap(&mut self) -> PythonSource {
+        self.tap = Some(Vec::new());
+        PythonSource::Fed {
+            framework: self.session.framework.clone(),
+            python: self.session.runtime().version_string(),
+            probes: self.session.probes.clone(),
+        }
+    }
+
+    /// The calls kept since the last call (the tap stays on).
+    pub fn drain_tap(&mut self) -> Vec<Call> {
+        self.tap.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Stops keeping calls.
+    pub fn stop_tap(&mut self) {
+        self.tap = None;
     }
 
     /// Picks the anchor once the discovery window is over.
@@ -400,8 +441,8 @@ impl Engine {
 const FIT_NICE: libc::c_int = 10;
 
 /// Puts the calling thread in SCHED_BATCH (it never preempts the engine on wake-up) at
-/// [`FIT_NICE`]: the fit shares the engine's cores on a small host.
-fn lower_cpu_priority() {
+/// [`FIT_NICE`]: the fit (and a deep dive's writer) shares the engine's cores on a small host.
+pub(crate) fn lower_cpu_priority() {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: pid 0 is the calling thread; param is valid for the call.
     let batch = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } == 0;

@@ -1,4 +1,6 @@
-//! The HTTP API: `/metrics` (Prometheus text format), `/api/v1/status`, `/api/v1/alerts`.
+//! The HTTP API: `/metrics` (Prometheus text format), `/api/v1/status`, `/api/v1/alerts`,
+//! `POST /api/v1/deep-dive` (loopback, or with the configured Bearer token) and
+//! `/api/v1/deep-dives[/{id}]`.
 
 use std::{
     sync::{
@@ -10,19 +12,27 @@ use std::{
 
 use anyhow::{Context, Result};
 use axum::{
-    extract::State,
-    http::header,
-    response::{IntoResponse, Json},
-    routing::get,
+    body::Bytes,
+    extract::{Path, State},
+    http::{header, HeaderMap, StatusCode},
+    response::{IntoResponse, Json, Response},
+    routing::{get, post},
     Router,
 };
+use serde::Deserialize;
 use serde_json::json;
 
-use crate::shared::Shared;
+use crate::{
+    config::{DeepDiveConfig, MAX_WINDOW},
+    shared::Shared,
+};
 
 struct App {
     shared: Arc<Shared>,
     started: Instant,
+    /// Whether the listener is on a loopback address (POST needs no token there).
+    loopback: bool,
+    deep_dive: DeepDiveConfig,
 }
 
 /// Binds `addr` now, so a taken port fails before anything is attached.
@@ -38,8 +48,10 @@ pub fn bind(addr: std::net::SocketAddr) -> Result<std::net::TcpListener> {
 pub fn serve(
     listener: std::net::TcpListener,
     shared: Arc<Shared>,
+    deep_dive: DeepDiveConfig,
     stop: Arc<AtomicBool>,
 ) -> Result<()> {
+    let loopback = listener.local_addr()?.ip().is_loopback();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -51,9 +63,14 @@ pub fn serve(
             .route("/metrics", get(metrics))
             .route("/api/v1/status", get(status))
             .route("/api/v1/alerts", get(alerts))
+            .route("/api/v1/deep-dive", post(start_deep_dive))
+            .route("/api/v1/deep-dives", get(deep_dives))
+            .route("/api/v1/deep-dives/{id}", get(deep_dive_record))
             .with_state(Arc::new(App {
                 shared,
                 started: Instant::now(),
+                loopback,
+                deep_dive,
             }));
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let stop_http = stop.clone();
@@ -107,4 +124,129 @@ async fn status(State(app): State<Arc<App>>) -> impl IntoResponse {
 
 async fn alerts(State(app): State<Arc<App>>) -> impl IntoResponse {
     Json(app.shared.alerts())
+}
+
+async fn deep_dives(State(app): State<Arc<App>>) -> impl IntoResponse {
+    Json(
+        app.shared
+            .deep_dives
+            .lock()
+            .expect("registry lock")
+            .records(),
+    )
+}
+
+async fn deep_dive_record(State(app): State<Arc<App>>, Path(id): Path<u64>) -> Response {
+    match app.shared.deep_dives.lock().expect("registry lock").get(id) {
+        Some(r) => Json(r).into_response(),
+        None => refuse(StatusCode::NOT_FOUND, format!("no deep dive {id}")),
+    }
+}
+
+/// The body of `POST /api/v1/deep-dive` (all optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeepDiveBody {
+    /// The engine (optional when exactly one is attached).
+    pid: Option<u32>,
+    /// Deep-dive window, seconds ([deep_dive] duration when absent).
+    duration_s: Option<f64>,
+    /// Normal window to record first, seconds (absent: the rolling reference).
+    baseline_s: Option<f64>,
+}
+
+fn refuse(code: StatusCode, why: String) -> Response {
+    (code, Json(json!({ "error": why }))).into_response()
+}
+
+/// A window length from the request, within (0, MAX_WINDOW].
+fn window(name: &str, secs: f64) -> Result<std::time::Duration, String> {
+    if secs > 0.0 && secs <= MAX_WINDOW.as_secs_f64() {
+        Ok(std::time::Duration::from_secs_f64(secs))
+    } else {
+        Err(format!(
+            "{name} must be above 0 and at most {} seconds",
+            MAX_WINDOW.as_secs()
+        ))
+    }
+}
+
+async fn start_deep_dive(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    if !app.loopback {
+        let token = &app.deep_dive.token;
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if token.is_empty() || presented != Some(token.as_str()) {
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "deep dives are requested on a loopback listener, or with \"Authorization: Bearer <token>\" matching [deep_dive] token".into(),
+            );
+        }
+    }
+    let body: DeepDiveBody = if body.iter().all(u8::is_ascii_whitespace) {
+        DeepDiveBody::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(b) => b,
+            Err(e) => {
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    format!("bad request body ({e}); send JSON such as {{\"pid\": 123, \"duration_s\": 3, \"baseline_s\": 2}}"),
+                )
+            }
+        }
+    };
+    let duration = match body.duration_s.map(|s| window("duration_s", s)) {
+        None => app.deep_dive.duration,
+        Some(Ok(d)) => d,
+        Some(Err(e)) => return refuse(StatusCode::BAD_REQUEST, e),
+    };
+    let baseline = match body.baseline_s.map(|s| window("baseline_s", s)) {
+        None => std::time::Duration::ZERO,
+        Some(Ok(d)) => d,
+        Some(Err(e)) => return refuse(StatusCode::BAD_REQUEST, e),
+    };
+    let engines: Vec<u32> = app
+        .shared
+        .engines
+        .lock()
+        .expect("status lock")
+        .keys()
+        .copied()
+        .collect();
+    let pid = match (body.pid, engines.as_slice()) {
+        (Some(p), _) if engines.contains(&p) => p,
+        (Some(p), _) => {
+            return refuse(
+                StatusCode::NOT_FOUND,
+                format!("pid {p} is not an attached engine (attached: {engines:?})"),
+            )
+        }
+        (None, [only]) => *only,
+        (None, []) => return refuse(StatusCode::NOT_FOUND, "no engine is attached".into()),
+        (None, _) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                format!("several engines are attached ({engines:?}): name one with \"pid\""),
+            )
+        }
+    };
+    let admitted = app.shared.deep_dives.lock().expect("registry lock").admit(
+        pid,
+        "api".into(),
+        duration,
+        baseline,
+        app.deep_dive.max_per_hour,
+        true,
+    );
+    match admitted {
+        Ok(id) => (
+            StatusCode::ACCEPTED,
+            Json(json!({ "id": id, "pid": pid, "status": format!("/api/v1/deep-dives/{id}") })),
+        )
+            .into_response(),
+        Err(r) => refuse(StatusCode::TOO_MANY_REQUESTS, r.to_string()),
+    }
 }

@@ -213,6 +213,16 @@ impl KernelPlane {
         self.ring.take()
     }
 
+    /// Takes the deep-dive ring back after a capture, for the next one.
+    pub fn return_ring(&mut self, ring: RingBuf<MapData>) {
+        self.ring = Some(ring);
+    }
+
+    /// Whether `pid` is being accounted.
+    pub fn is_watched(&self, pid: u32) -> bool {
+        self.watched.get(&pid, 0).is_ok()
+    }
+
     /// Deep-dive events dropped so far because the ring was full.
     pub fn lost_events(&self) -> u64 {
         self.lost.get(&0, 0).map(|v| v.iter().sum()).unwrap_or(0)

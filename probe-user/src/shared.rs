@@ -12,7 +12,7 @@ use std::{
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::metrics::Metrics;
+use crate::{deep_dive::registry::Registry, metrics::Metrics};
 
 /// Alerts kept for `/api/v1/alerts`.
 const RECENT_ALERTS: usize = 256;
@@ -85,6 +85,8 @@ pub struct Shared {
     pub engines: Mutex<BTreeMap<u32, EngineStatus>>,
     /// Engines that could not be attached, with why.
     pub attach_errors: Mutex<BTreeMap<u32, String>>,
+    /// The daemon's deep dives.
+    pub deep_dives: Mutex<Registry>,
     alerts: Mutex<VecDeque<Alert>>,
     log: Mutex<File>,
 }
@@ -110,6 +112,7 @@ impl Shared {
             metrics: Metrics::new(),
             engines: Mutex::new(BTreeMap::new()),
             attach_errors: Mutex::new(BTreeMap::new()),
+            deep_dives: Mutex::new(Registry::default()),
             alerts: Mutex::new(VecDeque::new()),
             log: Mutex::new(log),
         })

@@ -176,10 +176,53 @@ pub struct CycleSpan {
 pub struct CycleSource {
     /// The anchor function, or `fixed 100 ms bins` when no iteration-like function was seen.
     pub anchor: String,
-    /// Cycles in the normal reference window.
+    /// Cycles in the normal reference.
     pub normal: usize,
     /// Cycles in the deep-dive window.
     pub anomalous: usize,
+    /// Where the normal reference came from.
+    pub reference: String,
+}
+
+/// A normal reference: the features of healthy cycles of the same process, from a window
+/// recorded before the deep dive (`--baseline`) or kept by the daemon (its rolling reference).
+#[derive(Debug, Clone, Default)]
+pub struct Reference {
+    /// Features of each normal cycle.
+    pub cycles: Vec<Cycle>,
+    /// Mean normal cycle, ms.
+    pub mean_cycle_ms: f64,
+    /// Where it came from, for the report.
+    pub source: String,
+}
+
+impl Reference {
+    /// The reference made of the cycles of `c` inside [from, to).
+    pub fn from_window(
+        c: &Collected,
+        timeline: &Timeline,
+        from: u64,
+        to: u64,
+        source: String,
+    ) -> Reference {
+        let anchor = anchor(c);
+        let calls: &[Call] = c.python.as_ref().map_or(&[], |p| &p.calls);
+        let spans = cycles(calls, anchor.as_deref(), from, to);
+        Reference {
+            cycles: features(c, timeline, &spans, anchor.as_deref()),
+            mean_cycle_ms: mean_ms(&spans),
+            source,
+        }
+    }
+}
+
+/// Mean duration of `v`, ms (0 when empty).
+fn mean_ms(v: &[CycleSpan]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().map(|c| (c.end - c.start) as f64).sum::<f64>() / v.len() as f64 / 1e6
+    }
 }
 
 /// Fixed bins used when no anchor exists (not a Python engine, or an idle one).
@@ -264,7 +307,12 @@ pub fn features(
                 }
             };
             for (tid, spans) in &timeline.states {
-                for s in overlapping(spans, cy.start, cy.end) {
+                // Interruptible sleep is always inside a syscall (futex, epoll_wait, read...),
+                // which is already an event of its own; as a thread state it only mirrors what
+                // the thread waits for (a worker idles while its starved engine core runs
+                // late), so it is left out of the ranking. The trace still shows it.
+                for s in overlapping(spans, cy.start, cy.end).filter(|s| s.what != State::Sleeping)
+                {
                     let ns = overlap(s.start, s.end, cy.start, cy.end);
                     add(
                         EventKind::ThreadState,
@@ -366,6 +414,9 @@ pub struct Report {
     pub normal_cycle_ms: f64,
     /// Mean cycle duration in the deep-dive window, ms.
     pub anomalous_cycle_ms: f64,
+    /// The most likely cause's category (`CPU contention`, `memory pressure`, `I/O
+    /// contention`, or the top event), None when nothing stands out.
+    pub category: Option<String>,
     /// The most likely cause in a few words.
     pub summary: String,
 }
@@ -387,25 +438,23 @@ pub fn category(s: &Suspect) -> String {
 /// |Z_β| below which the top suspect is reported as no real change.
 const SIGNIFICANT_Z: f64 = 2.0;
 
-/// Ranks the deep-dive window [split, end) against the normal window [start, split).
-pub fn root_cause(c: &Collected, timeline: &Timeline, split: u64) -> Report {
+/// Ranks the cycles of `c` in [from, end) against `reference`.
+pub fn root_cause(c: &Collected, timeline: &Timeline, reference: &Reference, from: u64) -> Report {
     let anchor = anchor(c);
     let calls: &[Call] = c.python.as_ref().map_or(&[], |p| &p.calls);
-    let normal = cycles(calls, anchor.as_deref(), c.start_ns, split);
-    let anomalous = cycles(calls, anchor.as_deref(), split, c.end_ns);
-    let fn_ = features(c, timeline, &normal, anchor.as_deref());
+    let anomalous = cycles(calls, anchor.as_deref(), from, c.end_ns);
     let fa = features(c, timeline, &anomalous, anchor.as_deref());
-    let (suspects, telemetry) = root_cause::rank(&fn_, &fa, resources);
-    let mean_ms = |v: &[CycleSpan]| {
-        if v.is_empty() {
-            0.0
-        } else {
-            v.iter().map(|c| (c.end - c.start) as f64).sum::<f64>() / v.len() as f64 / 1e6
-        }
-    };
+    let (suspects, telemetry) = root_cause::rank(&reference.cycles, &fa, resources);
+    let significant = suspects
+        .first()
+        .filter(|s| s.delta_beta > 0.0 && s.z_beta.abs() >= SIGNIFICANT_Z);
     let summary = match suspects.first() {
-        None => "no normal reference or no cycles: nothing to compare (record one with --baseline)"
-            .to_string(),
+        None => format!(
+            "nothing to compare: {} normal and {} deep-dive cycles ({}; record a normal window with --baseline)",
+            reference.cycles.len(),
+            anomalous.len(),
+            reference.source
+        ),
         Some(s) if s.delta_beta <= 0.0 || s.z_beta.abs() < SIGNIFICANT_Z => format!(
             "no event stands out against the normal reference (largest shift: {} {:+.1} % of the cycle, Z {:.1})",
             s.name,
@@ -433,10 +482,12 @@ pub fn root_cause(c: &Collected, timeline: &Timeline, split: u64) -> Report {
     Report {
         cycles: CycleSource {
             anchor: anchor.unwrap_or_else(|| "fixed 100 ms bins".into()),
-            normal: normal.len(),
+            normal: reference.cycles.len(),
             anomalous: anomalous.len(),
+            reference: reference.source.clone(),
         },
-        normal_cycle_ms: mean_ms(&normal),
+        normal_cycle_ms: reference.mean_cycle_ms,
+        category: significant.map(category),
         anomalous_cycle_ms: mean_ms(&anomalous),
         suspects,
         telemetry,

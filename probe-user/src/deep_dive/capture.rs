@@ -14,7 +14,10 @@ use std::{
 
 use anyhow::{Context, Result};
 use probe_common::Event;
-use pyframe_tracer::sampling::{Sampler as StackSampler, ThreadStack};
+use pyframe_tracer::{
+    sampling::{Sampler as StackSampler, ThreadStack},
+    Call,
+};
 
 use super::Drainer;
 use crate::{
@@ -30,14 +33,33 @@ use crate::{
 pub struct Options {
     /// The engine process (its child processes are captured too).
     pub pid: u32,
-    /// Python plane request (deep-dive functions on).
-    pub python: PythonRequest,
+    /// Where Python calls come from.
+    pub python: PythonSource,
     /// py-spy stack samples per second (0: none).
     pub sample_hz: f64,
-    /// Telemetry samples per second.
+    /// Telemetry samples per second (0: none).
     pub telemetry_hz: f64,
+    /// Capture raw kernel events (sched, syscalls).
+    pub kernel_events: bool,
     /// Kernel events kept at most; the rest are counted as dropped.
     pub max_events: usize,
+}
+
+/// Where a capture's Python calls come from.
+#[derive(Debug, Clone)]
+pub enum PythonSource {
+    /// Attach the Python plane for the capture (deep-dive functions on), detach after.
+    Attach(PythonRequest),
+    /// The caller already has the probes attached (the daemon's engine) and hands the calls
+    /// over with [`Running::feed`]; this describes that attachment.
+    Fed {
+        /// The applied profile.
+        framework: Option<String>,
+        /// The target's CPython version.
+        python: String,
+        /// The watched functions (the anchor among them).
+        probes: Vec<pyframe_tracer::session::ProbeInfo>,
+    },
 }
 
 /// A thread seen during the capture.
@@ -111,9 +133,24 @@ struct KernelStore {
     max: usize,
 }
 
+/// How often the target's process tree is rescanned for new processes and threads.
+const TREE_RESCAN: Duration = Duration::from_secs(1);
+
+/// Calls handed over by the caller ([`PythonSource::Fed`]).
+struct FedCalls {
+    calls: Vec<Call>,
+    framework: Option<String>,
+    python: String,
+    probes: Vec<pyframe_tracer::session::ProbeInfo>,
+}
+
 /// A capture in progress.
 pub struct Running {
     opts: Options,
+    /// Processes this capture added to the kernel plane's watch list (unwatched at the end).
+    added: Vec<u32>,
+    tree_at: std::time::Instant,
+    fed: Option<FedCalls>,
     trigger_ns: u64,
     start_ns: u64,
     lost_at_start: u64,
@@ -121,7 +158,7 @@ pub struct Running {
     drainer: Option<Drainer>,
     python: Option<PythonCapture>,
     stacks: Option<StackThread>,
-    telemetry: telemetry::Sampler,
+    telemetry: Option<telemetry::Sampler>,
     processes: BTreeMap<u32, String>,
     threads: BTreeMap<u32, ThreadInfo>,
     notes: Vec<String>,
@@ -153,38 +190,62 @@ impl Running {
         let trigger_ns = clock::monotonic_ns();
         let pid = opts.pid;
         let mut notes = Vec::new();
-        let telemetry =
-            telemetry::Sampler::start(Duration::from_secs_f64(1.0 / opts.telemetry_hz.max(1.0)));
+        let telemetry = (opts.telemetry_hz > 0.0)
+            .then(|| telemetry::Sampler::start(Duration::from_secs_f64(1.0 / opts.telemetry_hz)));
+        let mut added = Vec::new();
         for p in process_tree(pid) {
-            plane
-                .watch(p)
-                .with_context(|| format!("watching process {p} in the kernel plane"))?;
+            if !plane.is_watched(p) {
+                plane
+                    .watch(p)
+                    .with_context(|| format!("watching process {p} in the kernel plane"))?;
+                added.push(p);
+            }
         }
         let store = Arc::new(Mutex::new(KernelStore {
             events: Vec::with_capacity(opts.max_events.min(1 << 20)),
             over_budget: 0,
             max: opts.max_events,
         }));
-        let sink = store.clone();
-        let ring = plane
-            .take_ring()
-            .context("the kernel plane's event ring is already in use by another deep dive")?;
-        let drainer = Drainer::start(ring, move |e| {
-            let mut s = sink.lock().expect("kernel store lock");
-            if s.events.len() < s.max {
-                s.events.push(*e);
-            } else {
-                s.over_budget += 1;
-            }
-        });
-        plane.set_deep_dive(true)?;
+        let drainer = if opts.kernel_events {
+            let sink = store.clone();
+            let ring = plane
+                .take_ring()
+                .context("the kernel plane's event ring is already in use by another deep dive")?;
+            let drainer = Drainer::start(ring, move |e| {
+                let mut s = sink.lock().expect("kernel store lock");
+                if s.events.len() < s.max {
+                    s.events.push(*e);
+                } else {
+                    s.over_budget += 1;
+                }
+            });
+            plane.set_deep_dive(true)?;
+            Some(drainer)
+        } else {
+            None
+        };
         let lost_at_start = plane.lost_events();
-        let python = match PythonCapture::start(pid as i32, &opts.python)? {
-            Ok(c) => Some(c),
-            Err(why) => {
-                notes.extend(why.map(|w| format!("python plane off: {w}")));
-                None
-            }
+        let (python, fed) = match &opts.python {
+            PythonSource::Attach(req) => match PythonCapture::start(pid as i32, req)? {
+                Ok(c) => (Some(c), None),
+                Err(why) => {
+                    notes.extend(why.map(|w| format!("python plane off: {w}")));
+                    (None, None)
+                }
+            },
+            PythonSource::Fed {
+                framework,
+                python,
+                probes,
+            } => (
+                None,
+                Some(FedCalls {
+                    calls: Vec::new(),
+                    framework: framework.clone(),
+                    python: python.clone(),
+                    probes: probes.clone(),
+                }),
+            ),
         };
         let stacks = (opts.sample_hz > 0.0)
             .then(|| start_stack_sampler(pid, opts.sample_hz, &mut notes))
@@ -193,9 +254,12 @@ impl Running {
             opts,
             trigger_ns,
             start_ns: clock::monotonic_ns(),
+            added,
+            tree_at: std::time::Instant::now(),
+            fed,
             lost_at_start,
             store,
-            drainer: Some(drainer),
+            drainer,
             python,
             stacks,
             telemetry,
@@ -203,16 +267,30 @@ impl Running {
             threads: BTreeMap::new(),
             notes,
         };
-        r.poll();
+        r.scan_tree();
         Ok(r)
     }
 
-    /// Moves Python records out of their ring and refreshes thread names; call every few
-    /// tens of ms.
+    /// Takes Python calls of the target ([`PythonSource::Fed`] captures; ignored otherwise).
+    pub fn feed(&mut self, calls: impl IntoIterator<Item = Call>) {
+        if let Some(f) = self.fed.as_mut() {
+            f.calls.extend(calls);
+        }
+    }
+
+    /// Moves Python records out of their ring and, every second, refreshes the process tree
+    /// and thread names; call every few tens of ms.
     pub fn poll(&mut self) {
         if let Some(p) = self.python.as_mut() {
             p.poll();
         }
+        if self.tree_at.elapsed() >= TREE_RESCAN {
+            self.scan_tree();
+        }
+    }
+
+    fn scan_tree(&mut self) {
+        self.tree_at = std::time::Instant::now();
         for p in process_tree(self.opts.pid) {
             if let Some(comm) = procfs::thread_comm(p, p) {
                 self.processes.insert(p, comm);
@@ -231,20 +309,33 @@ impl Running {
     }
 
     /// Stops every source, restores the target, and returns what was captured.
+    /// The kernel plane gets its ring back and forgets the processes the capture added.
     pub fn finish(mut self, plane: &mut KernelPlane) -> Result<Collected> {
         self.poll();
+        self.scan_tree();
         let end_ns = clock::monotonic_ns();
-        plane.set_deep_dive(false)?;
         let kernel_lost = plane.lost_events().saturating_sub(self.lost_at_start);
         if let Some(d) = self.drainer.take() {
-            let _ = d.stop();
+            plane.set_deep_dive(false)?;
+            plane.return_ring(d.stop().0);
+        }
+        for p in std::mem::take(&mut self.added) {
+            let _ = plane.unwatch(p);
         }
         let target_gone = !procfs::process_exists(self.opts.pid);
-        let python = self
-            .python
-            .take()
-            .map(|c| c.finish(target_gone))
-            .transpose()?;
+        let python = match (self.python.take(), self.fed.take()) {
+            (Some(c), _) => Some(c.finish(target_gone)?),
+            (None, Some(f)) => Some(PythonReport {
+                calls: f.calls,
+                lost_records: 0,
+                framework: f.framework,
+                python: f.python,
+                probes: f.probes,
+                max_pause_us: 0,
+                warnings: Vec::new(),
+            }),
+            (None, None) => None,
+        };
         let (stacks, stack_errors) = match self.stacks.take() {
             Some((stop, h)) => {
                 stop.store(true, Ordering::Release);
@@ -252,7 +343,11 @@ impl Running {
             }
             None => (Vec::new(), 0),
         };
-        let telemetry = self.telemetry.stop();
+        let telemetry = self
+            .telemetry
+            .take()
+            .map(telemetry::Sampler::stop)
+            .unwrap_or_default();
         self.notes.extend(telemetry.missing.iter().cloned());
         let store = std::mem::replace(
             &mut *self.store.lock().expect("kernel store lock"),

@@ -4,13 +4,11 @@
 use std::{io::BufWriter, path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
 use tokio::signal::unix::{signal, SignalKind};
 
 use super::{
-    analysis::{self, Report, Timeline},
-    capture::{self, Collected, Running},
-    trace::{self, IterationSlice, Window, WriteStats},
+    capture::{self, Collected, PythonSource, Running},
+    output::{self, Baseline},
 };
 use crate::{
     features::{Features, KernelPaths},
@@ -58,27 +56,6 @@ pub struct DeepDiveArgs {
     pub max_bytes: u64,
 }
 
-/// The JSON report.
-#[derive(Debug, Serialize)]
-struct DeepDiveReport<'a> {
-    pid: u32,
-    trace: String,
-    normal_window_ms: f64,
-    deep_dive_window_ms: f64,
-    first_event_after_trigger_ms: Option<f64>,
-    kernel_events: usize,
-    kernel_dropped_over_budget: u64,
-    kernel_lost_ring_full: u64,
-    python_calls: usize,
-    python_lost_records: u64,
-    stack_samples: usize,
-    telemetry_samples: u64,
-    written: &'a WriteStats,
-    notes: &'a [String],
-    #[serde(flatten)]
-    root_cause: &'a Report,
-}
-
 /// Runs a deep dive and prints its summary.
 pub async fn run(args: &DeepDiveArgs, paths: &KernelPaths) -> Result<()> {
     let pid = args.pid;
@@ -102,13 +79,14 @@ pub async fn run(args: &DeepDiveArgs, paths: &KernelPaths) -> Result<()> {
     let mut plane = KernelPlane::load(&features)?;
     let opts = capture::Options {
         pid,
-        python: PythonRequest {
+        python: PythonSource::Attach(PythonRequest {
             framework: args.framework.clone(),
             watch: args.watch.clone(),
             deep_dive: true,
-        },
+        }),
         sample_hz: args.sample_hz,
         telemetry_hz: args.telemetry_hz,
+        kernel_events: true,
         max_events: args.max_events,
     };
     let mut running = Running::start(opts, &mut plane)?;
@@ -120,69 +98,19 @@ pub async fn run(args: &DeepDiveArgs, paths: &KernelPaths) -> Result<()> {
             .notes
             .push("interrupted: the trace covers the part captured before".into());
     }
-    let split = split.min(collected.end_ns);
-    let timeline = Timeline::build(&collected);
-    let report = analysis::root_cause(&collected, &timeline, split);
-    let anchor = analysis::anchor(&collected);
-    let calls = collected.python.as_ref().map_or(&[][..], |p| &p.calls);
-    let iterations: Vec<IterationSlice> = analysis::cycles(
-        calls,
-        anchor.as_deref(),
-        collected.start_ns,
-        collected.end_ns,
-    )
-    .into_iter()
-    .filter(|c| c.tid != 0)
-    .map(|cycle| IterationSlice {
-        cycle,
-        stage: "iteration",
-        predicted_us: None,
-    })
-    .collect();
-    let mut windows = vec![Window {
-        name: "deep dive",
-        start: split,
-        end: collected.end_ns,
-    }];
-    if split > collected.start_ns {
-        windows.push(Window {
-            name: "normal reference",
-            start: collected.start_ns,
-            end: split,
-        });
-    }
-    let stats = trace::write(
-        BufWriter::new(file),
+    let reference = (split > collected.start_ns).then_some(Baseline::Window(
+        "the --baseline window before the deep dive",
+    ));
+    let out = output::write(
         &collected,
-        &timeline,
-        &iterations,
-        &windows,
+        split,
+        reference,
+        BufWriter::new(file),
+        &args.output,
+        report_file,
         args.max_bytes,
-    )
-    .with_context(|| format!("writing the trace {}", args.output.display()))?;
-    let doc = DeepDiveReport {
-        pid,
-        trace: args.output.display().to_string(),
-        normal_window_ms: (split - collected.start_ns) as f64 / 1e6,
-        deep_dive_window_ms: (collected.end_ns - split) as f64 / 1e6,
-        first_event_after_trigger_ms: collected
-            .first_event_ns()
-            .map(|t| (t - collected.trigger_ns) as f64 / 1e6),
-        kernel_events: collected.kernel.len(),
-        kernel_dropped_over_budget: collected.kernel_over_budget,
-        kernel_lost_ring_full: collected.kernel_lost,
-        python_calls: calls.len(),
-        python_lost_records: collected.python.as_ref().map_or(0, |p| p.lost_records),
-        stack_samples: collected.stacks.len(),
-        telemetry_samples: collected.telemetry.samples,
-        written: &stats,
-        notes: &collected.notes,
-        root_cause: &report,
-    };
-    if let Some(f) = report_file {
-        serde_json::to_writer_pretty(f, &doc).context("writing the report")?;
-    }
-    print!("{}", render(&doc));
+    )?;
+    print!("{}", out.rendered);
     Ok(())
 }
 
@@ -242,67 +170,4 @@ async fn hold(running: &mut Running, args: &DeepDiveArgs) -> (Vec<String>, u64, 
     bar.finish_and_clear();
     let split = split.unwrap_or_else(crate::clock::monotonic_ns);
     (notes, split, interrupted)
-}
-
-fn render(d: &DeepDiveReport<'_>) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::new();
-    let w = d.written;
-    let _ = writeln!(
-        s,
-        "trace {}: {} events, {:.1} MiB ({:.1} bytes/event), {} dropped by the byte budget",
-        d.trace,
-        w.events,
-        w.bytes as f64 / (1 << 20) as f64,
-        w.bytes as f64 / w.events.max(1) as f64,
-        w.dropped_events
-    );
-    let _ = writeln!(
-        s,
-        "captured: {} kernel events ({} over budget, {} lost), {} Python calls ({} lost), {} stack samples, {} telemetry samples; first event {} after the trigger",
-        d.kernel_events,
-        d.kernel_dropped_over_budget,
-        d.kernel_lost_ring_full,
-        d.python_calls,
-        d.python_lost_records,
-        d.stack_samples,
-        d.telemetry_samples,
-        d.first_event_after_trigger_ms
-            .map_or("-".to_string(), |m| format!("{m:.2} ms"))
-    );
-    let r = d.root_cause;
-    let _ = writeln!(
-        s,
-        "cycles ({}): {} normal, mean {:.2} ms; {} in the deep dive, mean {:.2} ms",
-        r.cycles.anchor,
-        r.cycles.normal,
-        r.normal_cycle_ms,
-        r.cycles.anomalous,
-        r.anomalous_cycle_ms
-    );
-    let _ = writeln!(s, "{}", r.summary);
-    if !r.suspects.is_empty() {
-        let _ = writeln!(
-            s,
-            "{:>4} {:<12} {:<56} {:>9} {:>8} {:>8} {:>8}",
-            "RANK", "KIND", "SUSPECT", "SCORE", "ΔBETA", "Z_BETA", "Z_MU"
-        );
-    }
-    for (i, x) in r.suspects.iter().take(8).enumerate() {
-        let _ = writeln!(
-            s,
-            "{:>4} {:<12} {:<56} {:>9.3} {:>8.3} {:>8.1} {:>8.1}",
-            i + 1,
-            format!("{:?}", x.kind),
-            x.name,
-            x.score,
-            x.delta_beta,
-            x.z_beta,
-            x.z_mu
-        );
-    }
-    for n in d.notes {
-        let _ = writeln!(s, "note: {n}");
-    }
-    s
 }

@@ -6,6 +6,9 @@ pub mod analysis;
 pub mod capture;
 pub mod cmd;
 mod drain;
+pub mod job;
+pub mod output;
+pub mod registry;
 pub mod trace;
 
 pub use drain::{Drainer, EventCounts};

@@ -1,0 +1,280 @@
+//! Deep dives inside the daemon. A capture is fed by the engine's own probe calls (no second
+//! attach), polled by the daemon's loop, and handed to a low-priority writer thread once its
+//! window is over. The same captures, taken while the engine is healthy, make the rolling
+//! normal reference that alert-triggered deep dives are ranked against.
+
+use std::{
+    collections::BTreeMap,
+    io::BufWriter,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use log::{info, warn};
+use pyframe_tracer::Call;
+
+use super::{
+    analysis::{Reference, Timeline},
+    capture::{Collected, Options, PythonSource, Running},
+    output::{self, Baseline},
+    registry::{Phase, Request, SuspectBrief},
+};
+use crate::{clock, config::DeepDiveConfig, kernel_plane::KernelPlane, procfs, shared::Shared};
+
+/// The latest normal reference of each engine.
+pub type References = Arc<Mutex<BTreeMap<u32, Arc<Reference>>>>;
+
+/// Suspects listed in a deep dive's record.
+const LISTED_SUSPECTS: usize = 5;
+
+/// What a capture is for.
+#[derive(Debug, Clone)]
+pub enum Purpose {
+    /// A normal-reference recording of a healthy engine.
+    Reference,
+    /// A deep dive (its record, and a normal window to record first, if any).
+    DeepDive(Request),
+}
+
+/// A capture the daemon is running.
+pub struct Job {
+    /// The engine.
+    pub pid: u32,
+    /// What it is for.
+    pub purpose: Purpose,
+    running: Running,
+    started: Instant,
+    baseline: Duration,
+    total: Duration,
+    split_ns: Option<u64>,
+}
+
+impl Job {
+    /// Starts capturing `pid`. `engine` describes the engine's attached probes (their calls
+    /// are handed over with [`Job::feed`]).
+    pub fn start(
+        purpose: Purpose,
+        pid: u32,
+        engine: PythonSource,
+        cfg: &DeepDiveConfig,
+        plane: &mut KernelPlane,
+    ) -> Result<Job> {
+        let (baseline, duration) = match &purpose {
+            Purpose::Reference => (Duration::ZERO, cfg.reference_duration),
+            Purpose::DeepDive(r) => (r.baseline, r.duration),
+        };
+        let opts = Options {
+            pid,
+            python: engine,
+            sample_hz: if cfg.has("stacks") {
+                cfg.stack_sample_hz
+            } else {
+                0.0
+            },
+            telemetry_hz: if cfg.has("telemetry") {
+                cfg.telemetry_hz
+            } else {
+                0.0
+            },
+            kernel_events: cfg.has("kernel"),
+            max_events: cfg.max_events,
+        };
+        let running = Running::start(opts, plane)?;
+        Ok(Job {
+            pid,
+            purpose,
+            running,
+            started: Instant::now(),
+            baseline,
+            total: baseline + duration,
+            split_ns: None,
+        })
+    }
+
+    /// Hands over the engine's calls.
+    pub fn feed(&mut self, calls: Vec<Call>) {
+        self.running.feed(calls);
+    }
+
+    /// Polls the capture; true once the window is over or the engine is gone.
+    pub fn poll(&mut self) -> bool {
+        let elapsed = self.started.elapsed();
+        if self.split_ns.is_none() && elapsed >= self.baseline {
+            self.split_ns = Some(clock::monotonic_ns());
+        }
+        self.running.poll();
+        elapsed >= self.total || !procfs::process_exists(self.pid)
+    }
+
+    /// Stops capturing (the kernel plane gets its ring back) and returns what was captured
+    /// and where the deep-dive window starts.
+    fn stop(self, plane: &mut KernelPlane) -> Result<(Collected, u64)> {
+        let split = self.split_ns.unwrap_or_else(clock::monotonic_ns);
+        Ok((self.running.finish(plane)?, split))
+    }
+
+    /// Stops a capture that is no longer wanted (a reference cut short by an alert).
+    pub fn abandon(self, plane: &mut KernelPlane) {
+        if let Err(e) = self.stop(plane) {
+            warn!("stopping a capture: {e:#}");
+        }
+    }
+
+    /// Stops capturing and writes the result on a low-priority thread (returned): a
+    /// reference goes to `references`, a deep dive's trace and report to `dir`, its outcome
+    /// to its record.
+    pub fn finish(
+        self,
+        plane: &mut KernelPlane,
+        shared: Arc<Shared>,
+        references: References,
+        dir: PathBuf,
+        max_bytes: u64,
+    ) -> Option<std::thread::JoinHandle<()>> {
+        let pid = self.pid;
+        let purpose = self.purpose.clone();
+        let stopped = self.stop(plane);
+        let id = match &purpose {
+            Purpose::DeepDive(r) => Some(r.id),
+            Purpose::Reference => None,
+        };
+        let (collected, split) = match stopped {
+            Ok(c) => c,
+            Err(e) => {
+                warn!("engine {pid}: capture failed: {e:#}");
+                if let Some(id) = id {
+                    registry(&shared).fail(id, format!("{e:#}"));
+                }
+                return None;
+            }
+        };
+        if let Some(id) = id {
+            registry(&shared).update(id, |r| r.state = Phase::Writing);
+        }
+        let writer_shared = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("stallscope-writer".into())
+            .spawn(move || {
+                crate::engine::lower_cpu_priority();
+                match purpose {
+                    Purpose::Reference => keep_reference(&collected, &references),
+                    Purpose::DeepDive(req) => {
+                        let reference = references.lock().expect("references").get(&pid).cloned();
+                        match write_deep_dive(&collected, split, &req, reference, &dir, max_bytes) {
+                            Ok(done) => registry(&writer_shared).update(req.id, done),
+                            Err(e) => {
+                                warn!("deep dive {}: {e:#}", req.id);
+                                registry(&writer_shared).fail(req.id, format!("{e:#}"));
+                            }
+                        }
+                    }
+                }
+            });
+        match spawned {
+            Ok(h) => Some(h),
+            Err(e) => {
+                if let Some(id) = id {
+                    registry(&shared).fail(id, format!("cannot start the writer thread: {e}"));
+                }
+                None
+            }
+        }
+    }
+}
+
+fn registry(shared: &Shared) -> std::sync::MutexGuard<'_, super::registry::Registry> {
+    shared.deep_dives.lock().expect("deep-dive registry lock")
+}
+
+/// Turns a healthy capture into the engine's normal reference.
+fn keep_reference(c: &Collected, references: &References) {
+    let timeline = Timeline::build(c);
+    let taken = clock::unix_ms();
+    let r = Reference::from_window(
+        c,
+        &timeline,
+        c.start_ns,
+        c.end_ns,
+        format!("the rolling normal reference recorded at unix ms {taken}"),
+    );
+    info!(
+        "engine {}: normal reference recorded ({} cycles, mean {:.2} ms, {} kernel events)",
+        c.pid,
+        r.cycles.len(),
+        r.mean_cycle_ms,
+        c.kernel.len()
+    );
+    if !r.cycles.is_empty() {
+        references
+            .lock()
+            .expect("references")
+            .insert(c.pid, Arc::new(r));
+    }
+}
+
+/// Writes a deep dive's trace and report; returns how to complete its record.
+fn write_deep_dive(
+    c: &Collected,
+    split: u64,
+    req: &Request,
+    reference: Option<Arc<Reference>>,
+    dir: &std::path::Path,
+    max_bytes: u64,
+) -> Result<impl FnOnce(&mut super::registry::Record)> {
+    std::fs::create_dir_all(dir).with_context(|| {
+        format!(
+            "cannot create the deep-dive directory {} (set [deep_dive] dir)",
+            dir.display()
+        )
+    })?;
+    let trace_path = dir.join(format!("{}-{}.pftrace", req.id, c.pid));
+    let report_path = dir.join(format!("{}-{}.json", req.id, c.pid));
+    let trace = std::fs::File::create(&trace_path)
+        .with_context(|| format!("cannot create {}", trace_path.display()))?;
+    let report = std::fs::File::create(&report_path)
+        .with_context(|| format!("cannot create {}", report_path.display()))?;
+    let baseline = if req.baseline.is_zero() {
+        reference.as_deref().map(Baseline::Kept)
+    } else {
+        Some(Baseline::Window(
+            "the normal window recorded before the deep dive",
+        ))
+    };
+    let w = output::write(
+        c,
+        split,
+        baseline,
+        BufWriter::new(trace),
+        &trace_path,
+        Some(report),
+        max_bytes,
+    )?;
+    info!(
+        "deep dive {} of engine {}: {} ({} events in {})",
+        req.id,
+        c.pid,
+        w.report.summary,
+        w.stats.events,
+        trace_path.display()
+    );
+    Ok(move |r: &mut super::registry::Record| {
+        r.state = Phase::Done;
+        r.trace = Some(trace_path.display().to_string());
+        r.report = Some(report_path.display().to_string());
+        r.summary = Some(w.report.summary.clone());
+        r.category = w.report.category.clone();
+        r.suspects = w
+            .report
+            .suspects
+            .iter()
+            .take(LISTED_SUSPECTS)
+            .map(|s| SuspectBrief {
+                name: s.name.clone(),
+                score: s.score,
+                delta_beta: s.delta_beta,
+            })
+            .collect();
+    })
+}
