@@ -13,40 +13,9 @@ use perfetto_writer::read::{self, Decoded, TrackKind};
 use serde_json::Value;
 
 mod common;
-use common::{expect_failure, require_root, stallscope, start_engine, start_hog, tmpdir};
-
-/// The interpreter of the venv `cargo xtask setup` builds with PyPI `perfetto`.
-fn perfetto_python() -> PathBuf {
-    let cache = std::env::var_os("STALLSCOPE_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-                .join(".cache/stallscope")
-        });
-    let py = cache.join("perfetto-venv/bin/python");
-    assert!(
-        py.exists(),
-        "{} is missing: run cargo xtask setup",
-        py.display()
-    );
-    py
-}
-
-/// Checks the trace with perfetto_trace_pb2; returns its summary.
-fn python_check(trace: &Path) -> Value {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/check_perfetto.py");
-    let out = Command::new(perfetto_python())
-        .arg(script)
-        .arg(trace)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "perfetto_trace_pb2 rejects the trace:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
+use common::{
+    expect_failure, python_check, require_root, stallscope, start_engine, start_hog, tmpdir,
+};
 
 const STEP: &str = "__main__:Engine.step";
 

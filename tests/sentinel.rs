@@ -16,9 +16,10 @@ use serde_json::Value;
 
 mod common;
 use common::{
-    expect_failure, expect_success, free_port, http_get, require_root, stallscope, start_engine,
-    start_hog, tmpdir, Proc,
+    expect_failure, expect_success, free_port, http_get, http_request, python_check, require_root,
+    stallscope, start_engine, start_hog, tmpdir, Proc,
 };
+use perfetto_writer::read;
 
 /// The daemon, configured for a generic engine, with its log in `dir/daemon.log`.
 struct Daemon {
@@ -28,6 +29,11 @@ struct Daemon {
 }
 
 fn config(dir: &Path, pid: u32, port: u16, warmup: usize) -> PathBuf {
+    config_on(dir, pid, &format!("127.0.0.1:{port}"), warmup, "")
+}
+
+/// The configuration with the HTTP listener on `listen` and a deep-dive token.
+fn config_on(dir: &Path, pid: u32, listen: &str, warmup: usize, token: &str) -> PathBuf {
     let text = format!(
         r#"
 [watch]
@@ -44,6 +50,10 @@ framework = "generic"
 watch = ["__main__:Engine.step[batch=len(batch.reqs);context_tokens=batch.context]", "__main__:Engine.housekeeping"]
 poll_interval = "1ms"
 theta_max = 0.5
+# This host's CPU 0 slows the toy engine by 30-50 % for seconds at a time with nothing injected
+# (per-request step time swinging between 1.0 and 1.5 ms from one second to the next); the hog
+# triples step times (E about 0.67).
+theta_min = 0.4
 k_sigma = 3.0
 window = 10
 start_after = 5
@@ -52,8 +62,18 @@ refit_every = 0
 max_training_samples = 20000
 alert_on_prefill = false
 
+[deep_dive]
+on_alert = true
+duration = "3s"
+cooldown = "60s"
+max_per_hour = 6
+reference_every = "1h"
+reference_duration = "2s"
+dir = "{dir}/deep-dives"
+token = "{token}"
+
 [http]
-listen = "127.0.0.1:{port}"
+listen = "{listen}"
 
 [state]
 dir = "{dir}"
@@ -70,7 +90,10 @@ iterations_csv = "{dir}/iterations.csv"
 impl Daemon {
     fn start(dir: &Path, pid: u32, warmup: usize) -> Daemon {
         let port = free_port();
-        let cfg = config(dir, pid, port, warmup);
+        Daemon::start_with(dir, port, config(dir, pid, port, warmup))
+    }
+
+    fn start_with(dir: &Path, port: u16, cfg: PathBuf) -> Daemon {
         let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
         let child = stallscope()
             .arg("run")
@@ -96,6 +119,26 @@ impl Daemon {
 
     fn status(&self) -> Value {
         serde_json::from_str(&http_get(self.port, "/api/v1/status")).unwrap()
+    }
+
+    fn deep_dives(&self) -> Vec<Value> {
+        serde_json::from_str::<Value>(&http_get(self.port, "/api/v1/deep-dives"))
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    /// Waits for the only deep dive to be written; returns its record.
+    fn deep_dive_done(&self) -> Value {
+        self.wait_for("written deep dive", Duration::from_secs(90), |d| {
+            d.deep_dives()
+                .first()
+                .is_some_and(|r| r["state"] == "done" || r["state"] == "failed")
+        });
+        let r = self.deep_dives()[0].clone();
+        assert_eq!(r["state"], "done", "{r}\n{}", self.log());
+        r
     }
 
     fn engine(&self) -> Option<Value> {
@@ -158,6 +201,10 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
     assert!(e["model_samples"].as_u64().unwrap() >= 300, "{e}");
     let ucl = e["ucl"].as_f64().unwrap();
     assert!(ucl > 0.0 && ucl <= 0.5, "{e}");
+    // Once fitted and healthy, the engine gets its normal reference for deep dives.
+    d.wait_for("normal reference", Duration::from_secs(30), |d| {
+        d.log().contains("normal reference recorded")
+    });
     // Steady: no alert.
     std::thread::sleep(Duration::from_secs(5));
     let alerts: Value = serde_json::from_str(&http_get(d.port, "/api/v1/alerts")).unwrap();
@@ -169,7 +216,6 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
         d.engine().is_some_and(|e| e["anomaly_active"] == true)
     });
     let lag = t.elapsed();
-    drop(hog);
     let alerts: Value = serde_json::from_str(&http_get(d.port, "/api/v1/alerts")).unwrap();
     let a = &alerts[0];
     assert_eq!(a["pid"], pid);
@@ -185,6 +231,40 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
     assert!(
         metric(&m, "stallscope_thread_seconds_total") > 0.0,
         "kernel time of the engine threads"
+    );
+    // The alert starts a 3 s deep dive; the hog stays for it.
+    std::thread::sleep(Duration::from_secs(4));
+    drop(hog);
+    let dive = d.deep_dive_done();
+    println!("deep dive of the alert: {dive}");
+    assert_eq!(dive["trigger"], "alert 1", "{dive}");
+    assert_eq!(
+        dive["baseline_ms"], 0,
+        "the rolling reference is used: {dive}"
+    );
+    assert_eq!(dive["category"], "CPU contention", "{dive}");
+    assert!(
+        dive["suspects"][0]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("runnable"),
+        "{dive}"
+    );
+    let trace = PathBuf::from(dive["trace"].as_str().unwrap());
+    read::decode(&std::fs::read(&trace).unwrap()).unwrap_or_else(|e| panic!("invalid trace:\n{e}"));
+    python_check(&trace);
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(dive["report"].as_str().unwrap()).unwrap()).unwrap();
+    assert!(
+        report["cycles"]["reference"]
+            .as_str()
+            .unwrap()
+            .contains("rolling normal reference"),
+        "{report}"
+    );
+    assert!(
+        report["cycles"]["normal"].as_u64().unwrap() > 10,
+        "{report}"
     );
     println!("alert {lag:?} after the hog started: {a}");
     // The alert ends once the hog is gone, and both events are in the log.
@@ -210,6 +290,62 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
     assert_eq!(e2["model_state"], "fitted", "{e2}");
     assert_eq!(e2["fingerprint"], e["fingerprint"]);
     assert!(d2.log().contains("reusing the model"), "{}", d2.log());
+}
+
+#[test]
+fn deep_dive_requests_need_the_token_off_loopback_and_run_one_at_a_time() {
+    require_root();
+    let dir = tmpdir("deep-dive-api");
+    let engine = start_engine();
+    let pid = engine.0.id();
+    let port = free_port();
+    // Not loopback: requests need the token. The model never fits (no alerts, no reference).
+    let cfg = config_on(&dir, pid, &format!("0.0.0.0:{port}"), 100_000, "s3cret");
+    let d = Daemon::start_with(&dir, port, cfg);
+    d.wait_for("engine", Duration::from_secs(20), |d| d.engine().is_some());
+    let post =
+        |auth: &str, body: &str| http_request(d.port, "POST", "/api/v1/deep-dive", auth, body);
+    let token = "Authorization: Bearer s3cret\r\n";
+    assert_eq!(post("", "").0, 403);
+    assert_eq!(post("Authorization: Bearer guess\r\n", "").0, 403);
+    let (code, body) = post(token, "not json");
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = post(token, r#"{"pid": 1}"#);
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("not an attached engine"), "{body}");
+    assert_eq!(post(token, r#"{"duration_s": 0}"#).0, 400);
+    let (code, body) = post(token, r#"{"duration_s": 1.5, "baseline_s": 1.5}"#);
+    assert_eq!(code, 202, "{body}");
+    let accepted: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(accepted["pid"], pid);
+    let (code, body) = post(token, "");
+    assert_eq!(code, 429, "one at a time: {body}");
+    let dive = d.deep_dive_done();
+    assert_eq!(dive["id"], accepted["id"]);
+    assert_eq!(dive["trigger"], "api");
+    assert_eq!(dive["baseline_ms"], 1500);
+    let trace = PathBuf::from(dive["trace"].as_str().unwrap());
+    let decoded = read::decode(&std::fs::read(&trace).unwrap())
+        .unwrap_or_else(|e| panic!("invalid trace:\n{e}"));
+    assert!(
+        decoded
+            .slices
+            .iter()
+            .any(|s| s.name == "__main__:Engine.step"),
+        "the engine's probe calls are in the trace"
+    );
+    python_check(&trace);
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(dive["report"].as_str().unwrap()).unwrap()).unwrap();
+    let normal_ms = report["normal_window_ms"].as_f64().unwrap();
+    assert!((1400.0..2500.0).contains(&normal_ms), "{report}");
+    assert!(
+        report["cycles"]["normal"].as_u64().unwrap() > 10,
+        "{report}"
+    );
+    assert!(report["kernel_events"].as_u64().unwrap() > 0, "{report}");
+    let (code, _) = http_request(d.port, "GET", "/api/v1/deep-dives/99", "", "");
+    assert_eq!(code, 404);
 }
 
 #[test]

@@ -405,13 +405,63 @@ fn sentinel_on_real_vllm() {
             .is_ok_and(|a| a.as_array().is_some_and(|a| a.len() > steady_alerts))
     });
     let lag = t.elapsed();
-    drop(hog);
     let alerts: Value = serde_json::from_str(&http_get(port, "/api/v1/alerts")).unwrap();
-    println!(
-        "alert {lag:?} after the hog on CPUs {cpus} started: {}",
-        alerts[steady_alerts]
-    );
+    let alert = &alerts[steady_alerts];
+    println!("alert {lag:?} after the hog on CPUs {cpus} started: {alert}");
     assert!(lag < Duration::from_secs(30), "alert took {lag:?}");
+
+    // The alert's deep dive (or, if a steady-load alert's deep dive is still in its cooldown,
+    // one requested over HTTP) is taken with the hog still running, and ranks CPU contention
+    // first against the rolling normal reference.
+    let trigger = format!("alert {}", alert["id"]);
+    let dives = || -> Vec<Value> {
+        serde_json::from_str::<Value>(&http_get(port, "/api/v1/deep-dives"))
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let id = match dives().iter().find(|d| d["trigger"] == trigger.as_str()) {
+        Some(d) => d["id"].clone(),
+        None => {
+            let (code, body) = common::http_request(
+                port,
+                "POST",
+                "/api/v1/deep-dive",
+                "",
+                &format!(r#"{{"pid": {engine_pid}, "duration_s": 3}}"#),
+            );
+            assert_eq!(code, 202, "{body}");
+            serde_json::from_str::<Value>(&body).unwrap()["id"].clone()
+        }
+    };
+    std::thread::sleep(Duration::from_secs(4));
+    drop(hog);
+    wait("written deep dive", Duration::from_secs(180), &|| {
+        dives()
+            .iter()
+            .any(|d| d["id"] == id && (d["state"] == "done" || d["state"] == "failed"))
+    });
+    let dive = dives().into_iter().find(|d| d["id"] == id).unwrap();
+    println!("deep dive under the hog: {dive}");
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(dive["report"].as_str().unwrap()).unwrap()).unwrap();
+    println!(
+        "deep dive: {} kernel events, first {:?} ms after the trigger, trace {} bytes ({} events); cycles {}",
+        report["kernel_events"],
+        report["first_event_after_trigger_ms"],
+        report["written"]["bytes"],
+        report["written"]["events"],
+        report["cycles"]
+    );
+    assert_eq!(dive["state"], "done", "{dive}");
+    assert_eq!(dive["category"], "CPU contention", "{dive}");
+    let top = dive["suspects"][0]["name"].as_str().unwrap();
+    assert!(
+        top.starts_with("runnable") || top.starts_with("running"),
+        "{dive}"
+    );
 
     // SIGTERM: the daemon detaches and exits cleanly; the engine keeps serving.
     // SAFETY: kill(2) on our child.

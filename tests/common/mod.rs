@@ -84,19 +84,73 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// One HTTP/1.0 GET on loopback; returns the body (panics on a non-200).
-pub fn http_get(port: u16, path: &str) -> String {
+/// One HTTP/1.0 request on loopback; returns the status code and the body. Waits up to 60 s
+/// for the answer (the daemon's HTTP thread shares 2 CPUs with a hog and the engine).
+pub fn http_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
     let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
+    s.read_to_string(&mut resp)
+        .unwrap_or_else(|e| panic!("{method} {path}: no answer within 60 s: {e}"));
     let (head, body) = resp.split_once("\r\n\r\n").expect("an HTTP response");
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line: {head}"));
+    (code, body.to_string())
+}
+
+/// One HTTP GET on loopback; returns the body (panics on a non-200).
+pub fn http_get(port: u16, path: &str) -> String {
+    let (code, body) = http_request(port, "GET", path, "", "");
+    assert_eq!(code, 200, "GET {path}: {body}");
+    body
+}
+
+/// The interpreter of the venv `cargo xtask setup` builds with PyPI `perfetto`.
+pub fn perfetto_python() -> PathBuf {
+    let cache = std::env::var_os("STALLSCOPE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache/stallscope")
+        });
+    let py = cache.join("perfetto-venv/bin/python");
     assert!(
-        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
-        "{head}"
+        py.exists(),
+        "{} is missing: run cargo xtask setup",
+        py.display()
     );
-    body.to_string()
+    py
+}
+
+/// Checks a trace with PyPI perfetto's perfetto_trace_pb2; returns its summary.
+pub fn python_check(trace: &std::path::Path) -> serde_json::Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/check_perfetto.py");
+    let out = Command::new(perfetto_python())
+        .arg(script)
+        .arg(trace)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "perfetto_trace_pb2 rejects the trace:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// Runs `cmd`, asserts it succeeded (showing its stderr if not), returns its stdout.
@@ -154,7 +208,13 @@ pub fn start_engine() -> Proc {
     p
 }
 
-/// A busy loop on CPU 0: the engine's steps take about twice as long.
+/// Two busy loops on CPU 0: the engine's steps take about three times as long.
 pub fn start_hog() -> Proc {
-    Proc::spawn(Command::new("taskset").args(["-c", "0", "sh", "-c", "while :; do :; done"]))
+    Proc::spawn(Command::new("taskset").args([
+        "-c",
+        "0",
+        "sh",
+        "-c",
+        "while :; do :; done & while :; do :; done",
+    ]))
 }
