@@ -3,11 +3,7 @@
 //! aligned with the kernel's scheduling events of the same thread, and a CPU hog started
 //! during the deep-dive window is ranked as CPU contention against the normal reference.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-    time::Duration,
-};
+use std::{path::Path, process::Command, time::Duration};
 
 use perfetto_writer::read::{self, Decoded, TrackKind};
 use serde_json::Value;

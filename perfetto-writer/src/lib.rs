@@ -274,20 +274,7 @@ impl<W: Write> TraceWriter<W> {
     /// A counter value on a counter track.
     pub fn count(&mut self, track: Track, ts: u64, value: f64) -> std::io::Result<()> {
         self.events += 1;
-        self.packet(&TracePacket {
-            timestamp: Some(ts),
-            data: Some(trace_packet::Data::TrackEvent(TrackEvent {
-                r#type: Some(track_event::Type::Counter as i32),
-                track_uuid: Some(track.0),
-                counter_value_field: Some(track_event::CounterValueField::DoubleCounterValue(
-                    value,
-                )),
-                ..Default::default()
-            })),
-            optional_trusted_packet_sequence_id: Some(sequence()),
-            sequence_flags: Some(SEQ_NEEDS_INCREMENTAL_STATE),
-            ..Default::default()
-        })
+        self.plain(track, ts, track_event::Type::Counter, None, Some(value))
     }
 
     /// Track events written so far (slice begins and ends, instants, counter values).
@@ -326,6 +313,15 @@ impl<W: Write> TraceWriter<W> {
         name: Option<&str>,
         extra: Extra<'_>,
     ) -> std::io::Result<()> {
+        let known = name.map(|n| self.event_names.get(n).copied());
+        if extra.args.is_empty()
+            && extra.flows.is_empty()
+            && extra.terminating_flows.is_empty()
+            && known != Some(None)
+        {
+            self.events += 1;
+            return self.plain(track, ts, kind, known.flatten(), None);
+        }
         let mut interned = InternedData::default();
         let name_iid = name.map(|n| intern(&mut self.event_names, n, &mut interned.event_names));
         let debug_annotations = extra
@@ -365,6 +361,56 @@ impl<W: Write> TraceWriter<W> {
             sequence_flags: Some(SEQ_NEEDS_INCREMENTAL_STATE),
             ..Default::default()
         })
+    }
+
+    /// The common case written without building a message: a track event with no
+    /// annotations, flows or new interned names (a slice end, a slice begin or instant with
+    /// a name already interned, a counter value). It decodes to the same `TracePacket` as
+    /// the general path (a test checks).
+    fn plain(
+        &mut self,
+        track: Track,
+        ts: u64,
+        kind: track_event::Type,
+        name_iid: Option<u64>,
+        counter: Option<f64>,
+    ) -> std::io::Result<()> {
+        use prost::encoding::{encode_key, encode_varint, WireType};
+        let mut event = [0u8; 48];
+        let mut e = &mut event[..];
+        encode_key(9, WireType::Varint, &mut e);
+        encode_varint(kind as u64, &mut e);
+        if let Some(iid) = name_iid {
+            encode_key(10, WireType::Varint, &mut e);
+            encode_varint(iid, &mut e);
+        }
+        encode_key(11, WireType::Varint, &mut e);
+        encode_varint(track.0, &mut e);
+        if let Some(v) = counter {
+            encode_key(44, WireType::SixtyFourBit, &mut e);
+            e[..8].copy_from_slice(&v.to_le_bytes());
+            e = &mut e[8..];
+        }
+        let event_len = 48 - e.len();
+        let mut packet = [0u8; 80];
+        let mut p = &mut packet[..];
+        encode_key(8, WireType::Varint, &mut p);
+        encode_varint(ts, &mut p);
+        encode_key(10, WireType::Varint, &mut p);
+        encode_varint(u64::from(SEQUENCE_ID), &mut p);
+        encode_key(11, WireType::LengthDelimited, &mut p);
+        encode_varint(event_len as u64, &mut p);
+        p[..event_len].copy_from_slice(&event[..event_len]);
+        p = &mut p[event_len..];
+        encode_key(13, WireType::Varint, &mut p);
+        encode_varint(u64::from(SEQ_NEEDS_INCREMENTAL_STATE), &mut p);
+        let packet_len = 80 - p.len();
+        self.buf.clear();
+        encode_key(1, WireType::LengthDelimited, &mut self.buf);
+        encode_varint(packet_len as u64, &mut self.buf);
+        self.buf.extend_from_slice(&packet[..packet_len]);
+        self.bytes += self.buf.len() as u64;
+        self.out.write_all(&self.buf)
     }
 
     fn packet(&mut self, p: &TracePacket) -> std::io::Result<()> {
@@ -475,6 +521,43 @@ mod tests {
         // "step" is interned once: the second step costs no name text.
         let steps = bytes.windows(4).filter(|w| w == b"step").count();
         assert_eq!(steps, 1);
+    }
+
+    #[test]
+    fn the_plain_path_encodes_what_the_general_path_does() {
+        use prost::Message;
+        let mut w = TraceWriter::new(Vec::new(), clocks()).unwrap();
+        let t = w.thread(1, 2, "t").unwrap();
+        for (kind, iid, counter) in [
+            (track_event::Type::SliceEnd, None, None),
+            (track_event::Type::SliceBegin, Some(300), None),
+            (track_event::Type::Counter, None, Some(-1.5e300)),
+        ] {
+            w.plain(t, u64::MAX - 7, kind, iid, counter).unwrap();
+            let fast = w.buf.clone();
+            w.packet(&TracePacket {
+                timestamp: Some(u64::MAX - 7),
+                data: Some(trace_packet::Data::TrackEvent(TrackEvent {
+                    r#type: Some(kind as i32),
+                    track_uuid: Some(t.0),
+                    name_field: iid.map(track_event::NameField::NameIid),
+                    counter_value_field: counter
+                        .map(track_event::CounterValueField::DoubleCounterValue),
+                    ..Default::default()
+                })),
+                optional_trusted_packet_sequence_id: Some(sequence()),
+                sequence_flags: Some(SEQ_NEEDS_INCREMENTAL_STATE),
+                ..Default::default()
+            })
+            .unwrap();
+            let general = w.buf.clone();
+            assert_eq!(fast.len(), general.len());
+            let (a, b) = (
+                pb::Trace::decode(fast.as_slice()).unwrap(),
+                pb::Trace::decode(general.as_slice()).unwrap(),
+            );
+            assert_eq!(a, b);
+        }
     }
 
     #[test]

@@ -119,8 +119,9 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         }
         std::thread::sleep(cfg.sentinel.poll_interval);
     }
-    if let Some(job) = daemon.job.take() {
-        job.abandon(&mut plane);
+    if let Some(mut job) = daemon.job.take() {
+        job.note("the daemon stopped: the capture covers the part before".into());
+        daemon.finish(job, &mut plane);
     }
     for w in std::mem::take(&mut daemon.writers) {
         let _ = w.join();

@@ -303,6 +303,11 @@ impl Running {
         }
     }
 
+    /// Adds a remark to the capture's notes.
+    pub fn note(&mut self, note: String) {
+        self.notes.push(note);
+    }
+
     /// Kernel events kept so far.
     pub fn kernel_events(&self) -> usize {
         self.store.lock().expect("kernel store lock").events.len()

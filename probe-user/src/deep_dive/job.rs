@@ -98,6 +98,11 @@ impl Job {
         self.running.feed(calls);
     }
 
+    /// Adds a remark to the capture's notes.
+    pub fn note(&mut self, note: String) {
+        self.running.note(note);
+    }
+
     /// Polls the capture; true once the window is over or the engine is gone.
     pub fn poll(&mut self) -> bool {
         let elapsed = self.started.elapsed();
