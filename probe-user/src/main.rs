@@ -9,9 +9,12 @@ mod config;
 mod daemon;
 mod deep_dive;
 mod engine;
+mod evaluate_cmd;
 mod export;
 mod features;
+mod heatmap;
 mod http;
+mod inject_cmd;
 mod iterations;
 mod kernel_plane;
 mod metrics;
@@ -85,6 +88,15 @@ enum Command {
     /// Python probes, py-spy stack samples, host telemetry) into one Perfetto trace, and rank
     /// root causes against a normal reference window (`--baseline`). The target keeps running.
     DeepDive(deep_dive::cmd::DeepDiveArgs),
+    /// Inject one anomaly scenario (CPU, memory, I/O, network, Python, process pauses) into an
+    /// engine for a bounded time; it always undoes itself (deadline, SIGINT/SIGTERM, parent
+    /// death). `--list` names the scenarios.
+    Inject(inject_cmd::InjectArgs),
+    /// Score detection on the real vLLM engine: bring it up, drive load, fit the baseline,
+    /// inject each scenario N times at seeded random times and severities, and write
+    /// precision, recall, F1, FPR and lag per strategy (trials.csv, scores.json, table.md,
+    /// heatmap.png).
+    Evaluate(evaluate_cmd::EvaluateArgs),
     /// Print the Python stack of every thread of a process (a hang dump), sampled with py-spy
     /// without pausing it.
     Dump {
@@ -142,6 +154,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             daemon::run(&cfg, &paths)
         }
         Command::Fit(args) => model_cmd::fit(&args),
+        Command::Inject(args) => inject_cmd::run(&args),
+        Command::Evaluate(args) => evaluate_cmd::run(&args),
         Command::Predict(args) => model_cmd::predict(&args),
         Command::Probe(args) => rt.block_on(probe_cmd::run(&args, &paths)),
         Command::DeepDive(args) => rt.block_on(deep_dive::cmd::run(&args, &paths)),

@@ -189,3 +189,58 @@ fn libc_symbol(pid: i32, name: &str) -> Result<u64> {
         symbol: name.into(),
     })
 }
+
+/// Wrapper the target runs around [`run_source`]'s code: runs it in a fresh namespace, writes
+/// the outcome to a marker file (renamed into place, so it is never read half-written), and
+/// unmaps the request's region (0 on 3.14+, where there is none).
+const RUN_WRAPPER: &str = r#"import os as _os
+try:
+    exec(compile(_SOURCE, '<stallscope>', 'exec'), {'__name__': '_stallscope_run'})
+    _outcome = 'ok'
+except BaseException as _e:
+    _outcome = 'error: %s: %s' % (type(_e).__name__, _e)
+with open(_MARK + '.partial', 'w') as _f:
+    _f.write(_outcome)
+_os.rename(_MARK + '.partial', _MARK)
+if _PAGE:
+    import ctypes as _c
+    _libc = _c.CDLL(None)
+    _libc.munmap.argtypes = [_c.c_void_p, _c.c_size_t]
+    _libc.munmap(_c.c_void_p(_PAGE), _c.c_size_t(_SIZE))
+"#;
+
+/// Runs Python `source` (any number of lines) in the target's main thread at its next safe
+/// point, holding the GIL, and waits until it has run (at most `timeout`; a request not
+/// picked up by then is cancelled). An exception in `source` is returned as an error; it
+/// never propagates into the target.
+pub fn run_source(pid: i32, source: &str, timeout: Duration) -> Result<()> {
+    let rt = crate::python::find(pid)?;
+    let stamp = crate::clock::monotonic_ns();
+    let mark = format!("/tmp/stallscope-run-{pid}-{stamp}.done");
+    let host_mark = std::path::PathBuf::from(format!("/proc/{pid}/root{mark}"));
+    let script = format!("/tmp/stallscope-run-{pid}-{stamp}.py");
+    let build = |region: u64, size: u64| {
+        let page = if region == u64::MAX { u64::MAX } else { region };
+        let prelude = format!(
+            "_SOURCE = __import__('binascii').a2b_base64('{}').decode()\n_MARK = '{mark}'\n_PAGE = {page}\n_SIZE = {size}\n",
+            crate::session::base64(source.as_bytes())
+        );
+        format!(
+            "exec(__import__('binascii').a2b_base64('{}'),{{}})",
+            crate::session::base64(format!("{prelude}{RUN_WRAPPER}").as_bytes())
+        )
+    };
+    let (queued, _) = queue(pid, &rt, Options::default(), &script, build)?;
+    let outcome = wait(pid, &queued, timeout, || {
+        std::fs::read_to_string(&host_mark).ok()
+    });
+    let _ = std::fs::remove_file(&host_mark);
+    let _ = std::fs::remove_file(format!("/proc/{pid}/root{script}"));
+    match outcome?.as_str() {
+        "ok" => Ok(()),
+        other => Err(Error::Probe(format!(
+            "the code run in process {pid} failed: {}",
+            other.trim_start_matches("error: ")
+        ))),
+    }
+}

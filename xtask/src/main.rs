@@ -4,6 +4,7 @@
 //! outside the checkout (`$STALLSCOPE_CACHE`, default `~/.cache/stallscope`).
 
 mod bench;
+mod bench_deep_dive;
 mod bench_python;
 mod bench_sentinel;
 mod bench_trace;
@@ -40,9 +41,9 @@ enum Task {
     Test,
     /// Run the benchmarks and print a Markdown report (see BENCHMARKS.md).
     Bench {
-        /// Only this part: `kernel`, `python`, `sentinel` or `trace` (default: all; the sentinel's vLLM
-        /// part needs `cargo xtask vllm up` first).
-        #[arg(long, value_parser = ["kernel", "python", "sentinel", "trace"])]
+        /// Only this part: `kernel`, `python`, `sentinel`, `trace` or `deep-dive` (default: all;
+        /// the sentinel's vLLM part and `deep-dive` need `cargo xtask vllm up` first).
+        #[arg(long, value_parser = ["kernel", "python", "sentinel", "trace", "deep-dive"])]
         only: Option<String>,
     },
     /// A real vLLM CPU server on loopback, the end-to-end target: `up`, `load`, `down`.
@@ -89,6 +90,9 @@ fn main() -> Result<()> {
             }
             if part("trace") {
                 bench_trace::run()?;
+            }
+            if part("deep-dive") {
+                bench_deep_dive::run()?;
             }
             Ok(())
         }

@@ -1,0 +1,177 @@
+//! A temporary CPU-quota cgroup around an engine's process tree (cgroup v1 `cpu` controller
+//! or cgroup v2 `cpu.max`), always emptied back into the original cgroups and removed.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+/// CFS period used for the quota.
+const PERIOD_US: u64 = 100_000;
+
+/// A quota in force; [`CpuQuota::undo`] (or drop) restores the original cgroups.
+pub struct CpuQuota {
+    dir: PathBuf,
+    /// Where each moved task came from: (tid or pid, original cgroup directory).
+    moved: Vec<(u32, PathBuf)>,
+    v2: bool,
+    done: bool,
+}
+
+/// The mount point of cgroup v1's `cpu` controller, or of the cgroup v2 hierarchy.
+fn hierarchy() -> Result<(PathBuf, bool)> {
+    let mounts =
+        std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 4 {
+            continue;
+        }
+        if f[2] == "cgroup" && f[3].split(',').any(|o| o == "cpu") {
+            return Ok((PathBuf::from(f[1]), false));
+        }
+    }
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() >= 3 && f[2] == "cgroup2" {
+            return Ok((PathBuf::from(f[1]), true));
+        }
+    }
+    bail!("no cgroup cpu controller is mounted: mount cgroup v2 or the v1 cpu controller")
+}
+
+/// `tid`'s cgroup path in the hierarchy (v1: the line listing `cpu`; v2: the `0::` line).
+fn cgroup_of(pid: u32, tid: u32, v2: bool) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/cgroup")).ok()?;
+    text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, ctrl, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let hit = if v2 {
+            ctrl.is_empty()
+        } else {
+            ctrl.split(',').any(|c| c == "cpu")
+        };
+        hit.then(|| path.to_string())
+    })
+}
+
+fn tasks(dir: &Path, v2: bool) -> PathBuf {
+    dir.join(if v2 { "cgroup.procs" } else { "tasks" })
+}
+
+impl CpuQuota {
+    /// Moves `pid` and its descendants (every thread on v1, every process on v2) into a new
+    /// cgroup limited to `cpus` CPUs' worth of time.
+    pub fn apply(pid: u32, cpus: f64) -> Result<CpuQuota> {
+        let (root, v2) = hierarchy()?;
+        let dir = root.join(format!("stallscope-inject-{pid}"));
+        if dir.exists() {
+            bail!(
+                "{} exists: another injection into pid {pid} is running (or one was killed; remove it with rmdir)",
+                dir.display()
+            );
+        }
+        if v2 {
+            let _ = std::fs::write(root.join("cgroup.subtree_control"), "+cpu");
+        }
+        std::fs::create_dir(&dir)
+            .with_context(|| format!("cannot create {} (needs root)", dir.display()))?;
+        let mut q = CpuQuota {
+            dir,
+            moved: Vec::new(),
+            v2,
+            done: false,
+        };
+        let quota = ((cpus * PERIOD_US as f64) as u64).max(1000);
+        let set = if v2 {
+            std::fs::write(q.dir.join("cpu.max"), format!("{quota} {PERIOD_US}"))
+        } else {
+            std::fs::write(q.dir.join("cpu.cfs_period_us"), PERIOD_US.to_string())
+                .and_then(|()| std::fs::write(q.dir.join("cpu.cfs_quota_us"), quota.to_string()))
+        };
+        set.with_context(|| format!("setting the CPU quota in {}", q.dir.display()))?;
+        for p in crate::process_tree(pid) {
+            let members: Vec<u32> = if v2 {
+                vec![p]
+            } else {
+                std::fs::read_dir(format!("/proc/{p}/task"))
+                    .map(|d| {
+                        d.flatten()
+                            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            for t in members {
+                let Some(orig) = cgroup_of(p, t, v2) else {
+                    continue;
+                };
+                if std::fs::write(tasks(&q.dir, v2), t.to_string()).is_ok() {
+                    q.moved.push((t, root.join(orig.trim_start_matches('/'))));
+                }
+            }
+        }
+        if q.moved.is_empty() {
+            bail!(
+                "could not move any task of pid {pid} into {}",
+                q.dir.display()
+            );
+        }
+        Ok(q)
+    }
+
+    /// Where the quota is, for reports.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({} {} moved)",
+            self.dir.display(),
+            self.moved.len(),
+            if self.v2 { "processes" } else { "threads" }
+        )
+    }
+
+    /// Moves every task back where it came from (threads created meanwhile go where their
+    /// process's first task came from) and removes the cgroup.
+    pub fn undo(mut self) -> Result<()> {
+        self.restore()
+    }
+
+    fn restore(&mut self) -> Result<()> {
+        if self.done {
+            return Ok(());
+        }
+        self.done = true;
+        let fallback = self.moved.first().map(|m| m.1.clone());
+        let inside: Vec<u32> = std::fs::read_to_string(tasks(&self.dir, self.v2))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        for t in inside {
+            let back = self
+                .moved
+                .iter()
+                .find(|m| m.0 == t)
+                .map(|m| m.1.clone())
+                .or_else(|| fallback.clone());
+            if let Some(b) = back {
+                let _ = std::fs::write(tasks(&b, self.v2), t.to_string());
+            }
+        }
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        bail!(
+            "could not remove {}: tasks are still in it (move them out and rmdir it)",
+            self.dir.display()
+        )
+    }
+}
+
+impl Drop for CpuQuota {
+    fn drop(&mut self) {
+        let _ = self.restore();
+    }
+}

@@ -1,0 +1,310 @@
+//! Anomaly injectors and detection scoring.
+//!
+//! Every injector starts its stress, holds it until the deadline or until `stop` is set, and
+//! undoes it before returning, whatever happened: helper threads are joined, cgroups emptied
+//! and removed, files deleted, qdiscs deleted, stopped processes continued. What a scenario
+//! did is returned as a [`Report`], so callers can say which mechanism was used.
+
+use std::{
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+
+pub mod cgroup;
+pub mod cpu;
+pub mod io;
+pub mod memory;
+pub mod network;
+pub mod pause;
+pub mod python;
+pub mod score;
+
+/// What to inject into.
+#[derive(Debug, Clone)]
+pub struct Params {
+    /// How long to hold the stress.
+    pub duration: Duration,
+    /// Severity in (0, 1]: its meaning is given per scenario.
+    pub intensity: f64,
+    /// CPUs to stress (cpu-contention; empty: the target's allowed CPUs, else all).
+    pub cpus: Vec<usize>,
+    /// The engine process (required by the scenarios that act on it).
+    pub pid: Option<u32>,
+    /// The engine's API port (network-delay).
+    pub port: Option<u16>,
+    /// `MODULE:QUALNAME` of the function to slow (python-sync-stall).
+    pub function: Option<String>,
+}
+
+/// What an injection did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The scenario.
+    pub scenario: String,
+    /// The mechanism used and its settings, in words.
+    pub mechanism: String,
+    /// How long the stress was held.
+    pub held_ms: f64,
+}
+
+/// One scenario of the suite.
+pub struct Scenario {
+    /// Its name on the command line.
+    pub name: &'static str,
+    /// What it stresses, one line.
+    pub stresses: &'static str,
+    /// What `intensity` means for it.
+    pub intensity: &'static str,
+    /// The root-cause category a deep dive should report for it, when it has one.
+    pub cause: Option<&'static str>,
+    /// Whether it needs `--pid`.
+    pub needs_pid: bool,
+    run: fn(&Params, &AtomicBool) -> Result<String>,
+}
+
+/// Root-cause category of CPU contention (as deep-dive reports name it).
+pub const CPU: &str = "CPU contention";
+/// Root-cause category of memory pressure.
+pub const MEMORY: &str = "memory pressure";
+/// Root-cause category of I/O contention.
+pub const IO: &str = "I/O contention";
+
+/// Every scenario. GPU scenarios (gemm-contention, pcie-saturation, p2p-saturation,
+/// clock-lock) are not built yet.
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "cpu-contention",
+        stresses: "CPU time: AVX-512 (else AVX2) FMA/sqrt loops pinned to the engine's CPUs, at SCHED_FIFO priority 1",
+        intensity: "fraction of every 60 ms each loop spins",
+        cause: Some(CPU),
+        needs_pid: false,
+        run: cpu::contention,
+    },
+    Scenario {
+        name: "cpu-frequency",
+        stresses: "CPU speed: lowers the cpufreq ceiling, or (no cpufreq, as in VMs) throttles the engine with a cgroup CPU quota",
+        intensity: "fraction of the engine's CPU capacity taken away",
+        cause: Some(CPU),
+        needs_pid: true,
+        run: cpu::frequency,
+    },
+    Scenario {
+        name: "memory-pressure",
+        stresses: "memory: maps and keeps touching anonymous memory, drops the page cache (and sets memory.high on cgroup v2)",
+        intensity: "fraction of MemAvailable taken (at most 80 %)",
+        cause: Some(MEMORY),
+        needs_pid: true,
+        run: memory::pressure,
+    },
+    Scenario {
+        name: "memory-fragmentation",
+        stresses: "the allocator and page allocator: many allocate/free cycles of random sizes on every CPU",
+        intensity: "fraction of each CPU spent allocating",
+        cause: Some(MEMORY),
+        needs_pid: false,
+        run: memory::fragmentation,
+    },
+    Scenario {
+        name: "io-contention",
+        stresses: "storage: an fsync-heavy writer on the engine's filesystem",
+        intensity: "write size per fsync (0..1 of 4 MiB) and writer count",
+        cause: Some(IO),
+        needs_pid: true,
+        run: io::contention,
+    },
+    Scenario {
+        name: "network-delay",
+        stresses: "the engine's API traffic: netem delay and loss on loopback, for its API port only",
+        intensity: "delay (0..1 of 50 ms) and loss (0..1 of 2 %)",
+        cause: None,
+        needs_pid: false,
+        run: network::delay,
+    },
+    Scenario {
+        name: "python-gc-storm",
+        stresses: "the engine's interpreter: a thread in it makes cyclic garbage and runs full collections",
+        intensity: "collections per second (0..1 of 100)",
+        cause: None,
+        needs_pid: true,
+        run: python::gc_storm,
+    },
+    Scenario {
+        name: "python-sync-stall",
+        stresses: "one engine function: a bounded sleep added to every call of it (--function, default the profile's schedule step)",
+        intensity: "sleep per call (0..1 of 20 ms)",
+        cause: None,
+        needs_pid: true,
+        run: python::sync_stall,
+    },
+    Scenario {
+        name: "process-pause",
+        stresses: "the whole engine: short SIGSTOP/SIGCONT pauses (a hang)",
+        intensity: "fraction of every 200 ms the engine is stopped",
+        cause: None,
+        needs_pid: true,
+        run: pause::pauses,
+    },
+];
+
+/// The scenario named `name`.
+pub fn scenario(name: &str) -> Result<&'static Scenario> {
+    SCENARIOS.iter().find(|s| s.name == name).ok_or_else(|| {
+        anyhow::anyhow!(
+            "no scenario named {name:?}: `stallscope inject --list` names them ({})",
+            SCENARIOS
+                .iter()
+                .map(|s| s.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })
+}
+
+impl Scenario {
+    /// Runs the scenario until `params.duration` has passed or `stop` is set, and undoes it.
+    pub fn run(&self, params: &Params, stop: &AtomicBool) -> Result<Report> {
+        if !(params.intensity > 0.0 && params.intensity <= 1.0) {
+            bail!("--intensity must be in (0, 1], got {}", params.intensity);
+        }
+        if self.needs_pid && params.pid.is_none() {
+            bail!("{} acts on the engine: give its pid with --pid", self.name);
+        }
+        if let Some(pid) = params.pid {
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                bail!("no process with pid {pid}: check the engine's pid");
+            }
+        }
+        let t = Instant::now();
+        let mechanism = (self.run)(params, stop)?;
+        Ok(Report {
+            scenario: self.name.to_string(),
+            mechanism,
+            held_ms: t.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+}
+
+/// Sleeps in short steps until `deadline` or until `stop` is set; true if the deadline came.
+pub(crate) fn hold(deadline: Instant, stop: &AtomicBool) -> bool {
+    while Instant::now() < deadline {
+        if stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5).min(deadline - Instant::now()));
+    }
+    true
+}
+
+/// Runs `n` copies of `work(i, deadline, stop)` on threads and joins them all.
+pub(crate) fn threads(
+    n: usize,
+    deadline: Instant,
+    stop: &AtomicBool,
+    work: impl Fn(usize, Instant, &AtomicBool) + Sync,
+) {
+    std::thread::scope(|s| {
+        for i in 0..n {
+            let work = &work;
+            s.spawn(move || work(i, deadline, stop));
+        }
+    });
+}
+
+/// The CPUs `pid` may run on (its main thread's affinity), or every online CPU.
+pub fn allowed_cpus(pid: Option<u32>) -> Vec<usize> {
+    let list = pid
+        .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(|v| v.trim().to_string())
+        })
+        .or_else(|| std::fs::read_to_string("/sys/devices/system/cpu/online").ok());
+    list.map(|l| parse_cpu_list(l.trim()).unwrap_or_default())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| (0..num_cpus()).collect())
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Parses a CPU list such as `0-3,6`.
+pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (usize, usize) = match (a.parse(), b.parse()) {
+            (Ok(a), Ok(b)) if a <= b => (a, b),
+            _ => bail!("bad CPU list {s:?}: write it like 0-3,6"),
+        };
+        out.extend(a..=b);
+    }
+    Ok(out)
+}
+
+/// Every pid of `pid`'s process tree (it and its descendants).
+pub fn process_tree(pid: u32) -> Vec<u32> {
+    let parent = |p: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        stat.rsplit(')')
+            .next()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    let all: Vec<(u32, Option<u32>)> = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .map(|p| (p, parent(p)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(all.iter().filter(|(_, pp)| *pp == Some(p)).map(|(c, _)| *c));
+        i += 1;
+    }
+    tree
+}
+
+/// Puts the calling thread in SCHED_FIFO at priority 1, so it runs when it wants to even on
+/// CPUs the engine keeps busy; false if the kernel refused.
+pub(crate) fn realtime() -> bool {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: pid 0 is the calling thread; param is valid for the call.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
+}
+
+/// Pins the calling thread to `cpu`.
+pub(crate) fn pin(cpu: usize) -> bool {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_and_scenario_lookup() {
+        assert_eq!(parse_cpu_list("0-2,5").unwrap(), vec![0, 1, 2, 5]);
+        assert!(parse_cpu_list("3-1").is_err());
+        assert!(scenario("cpu-contention").is_ok());
+        let e = scenario("nope").err().unwrap().to_string();
+        assert!(e.contains("process-pause"), "{e}");
+        let names: std::collections::BTreeSet<_> = SCENARIOS.iter().map(|s| s.name).collect();
+        assert_eq!(names.len(), SCENARIOS.len());
+    }
+}

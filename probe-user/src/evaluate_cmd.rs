@@ -1,0 +1,614 @@
+//! `stallscope evaluate`: detection scoring on the real vLLM engine. Brings the server up
+//! (`cargo xtask vllm up`) unless given one, drives load, runs the daemon until its baseline
+//! is fitted, then runs each scenario N times with a seeded random start, span and severity,
+//! and scores every modelled iteration against the injection intervals for the strategies
+//! of LatencyPrism's Table 5. Writes trials.csv, scores.json, table.md and heatmap.png.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anomaly_suite::score::{self, Iteration, Scores, Strategy, Trial};
+use anyhow::{bail, Context, Result};
+use log::{info, warn};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::config::DEFAULT_CONFIG;
+
+/// Scenarios run by default: the CPU-side ones that need nothing the host may lack.
+const DEFAULT_SCENARIOS: &str = "cpu-contention,cpu-frequency,memory-pressure,memory-fragmentation,io-contention,python-gc-storm,python-sync-stall,process-pause";
+/// Fixed-Window threshold of the paper's Table 5.
+const FIXED_THRESHOLD: f64 = 0.15;
+/// Moving-mean window (the sentinel's W).
+const WINDOW: usize = 10;
+/// Iterations shown before and after each injection start in the heatmap.
+const HEAT_BEFORE: usize = 40;
+const HEAT_AFTER: usize = 80;
+/// Length of a deep dive taken during an injection (`--deep-dives`).
+pub const DEEP_DIVE_WINDOW: f64 = 2.0;
+
+/// Options of `stallscope evaluate`.
+#[derive(Debug, clap::Args)]
+pub struct EvaluateArgs {
+    /// Scenarios to run, comma-separated (see `stallscope inject --list`).
+    #[arg(long, default_value = DEFAULT_SCENARIOS)]
+    pub scenarios: String,
+    /// Trials per scenario.
+    #[arg(long, default_value_t = 20)]
+    pub trials: usize,
+    /// Seed of the injection starts, spans and severities.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Output directory (trials.csv, scores.json, table.md, heatmap.png, state/).
+    #[arg(long, default_value = "evaluation")]
+    pub out: PathBuf,
+    /// A running server, as `cargo xtask vllm up` prints it ({"engine_pid", "port", ...});
+    /// without it the server is brought up (and down at the end) with `cargo xtask vllm`.
+    #[arg(long)]
+    pub vllm: Option<String>,
+    /// The stallscope checkout whose `cargo xtask` serves vLLM and its load.
+    #[arg(long, default_value = ".")]
+    pub repo: PathBuf,
+    /// Also take a deep dive during each injection and score the root cause's top-1.
+    #[arg(long)]
+    pub deep_dives: bool,
+    /// Longest wait for the baseline to be fitted.
+    #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+    pub fit_timeout: Duration,
+}
+
+/// One trial's plan and outcome.
+#[derive(Debug, Clone, Serialize)]
+struct TrialRecord {
+    scenario: String,
+    trial: usize,
+    intensity: f64,
+    from_us: f64,
+    inject_from_us: f64,
+    inject_to_us: f64,
+    to_us: f64,
+    mechanism: String,
+    root_cause: Option<String>,
+}
+
+/// A child killed with its process group when dropped.
+struct Group(Child);
+
+impl Group {
+    fn spawn(cmd: &mut Command) -> Result<Group> {
+        use std::os::unix::process::CommandExt;
+        Ok(Group(
+            cmd.process_group(0)
+                .spawn()
+                .with_context(|| format!("cannot start {cmd:?}"))?,
+        ))
+    }
+
+    /// SIGTERM, a grace period, then SIGKILL of the group.
+    fn stop(mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        let pid = self.0.id() as i32;
+        // SAFETY: kill(2) on the group our child leads.
+        unsafe { libc::kill(-pid, libc::SIGTERM) };
+        let t = Instant::now();
+        while t.elapsed() < grace {
+            if let Ok(Some(s)) = self.0.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the group our child leads.
+        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
+        let _ = self.0.wait();
+    }
+}
+
+/// Minimal HTTP/1.0 client for the daemon's loopback API.
+fn http(port: u16, method: &str, path: &str, body: &str) -> Result<(u16, Value)> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)?;
+    let (head, body) = resp.split_once("\r\n\r\n").context("a bad HTTP answer")?;
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("a bad HTTP status line")?;
+    Ok((code, serde_json::from_str(body).unwrap_or(Value::Null)))
+}
+
+fn engine_status(port: u16, pid: u64) -> Option<Value> {
+    let (_, s) = http(port, "GET", "/api/v1/status", "").ok()?;
+    s["engines"]
+        .as_array()?
+        .iter()
+        .find(|e| e["pid"] == pid)
+        .cloned()
+}
+
+/// The CPUs of the most pinned process of the engine's tree (where the forward pass runs;
+/// vLLM pins its worker).
+fn forward_cpus(pid: u32) -> Vec<usize> {
+    anomaly_suite::process_tree(pid)
+        .into_iter()
+        .map(|p| anomaly_suite::allowed_cpus(Some(p)))
+        .min_by_key(Vec::len)
+        .unwrap_or_default()
+}
+
+/// Runs the evaluation.
+pub fn run(args: &EvaluateArgs) -> Result<()> {
+    let scenarios: Vec<&anomaly_suite::Scenario> = args
+        .scenarios
+        .split(',')
+        .map(|s| anomaly_suite::scenario(s.trim()))
+        .collect::<Result<_>>()?;
+    if args.trials == 0 {
+        bail!("--trials must be at least 1");
+    }
+    let state = args.out.join("state");
+    std::fs::create_dir_all(&state)
+        .with_context(|| format!("cannot create {}", state.display()))?;
+    let repo = args
+        .repo
+        .canonicalize()
+        .with_context(|| format!("--repo {}", args.repo.display()))?;
+    let cargo = |a: &[&str]| {
+        let mut c = Command::new("cargo");
+        c.arg("xtask").args(a).current_dir(&repo);
+        c
+    };
+    let brought_up = args.vllm.is_none();
+    let server: Value = match &args.vllm {
+        Some(s) => serde_json::from_str(s)
+            .context("--vllm must be the JSON `cargo xtask vllm up` prints")?,
+        None => {
+            info!("bringing vLLM up (cargo xtask vllm up)");
+            let out = cargo(&["vllm", "up"])
+                .stderr(Stdio::inherit())
+                .output()
+                .context("cannot run cargo xtask vllm up (give --repo, or --vllm)")?;
+            if !out.status.success() {
+                bail!("cargo xtask vllm up failed");
+            }
+            let text = String::from_utf8_lossy(&out.stdout);
+            serde_json::from_str(text.lines().last().unwrap_or_default())
+                .context("cargo xtask vllm up printed no server JSON")?
+        }
+    };
+    let result = evaluate(args, &scenarios, &server, &state, &cargo);
+    if brought_up {
+        let _ = cargo(&["vllm", "down"]).status();
+    }
+    result
+}
+
+fn evaluate(
+    args: &EvaluateArgs,
+    scenarios: &[&anomaly_suite::Scenario],
+    server: &Value,
+    state: &Path,
+    cargo: &dyn Fn(&[&str]) -> Command,
+) -> Result<()> {
+    let engine_pid = server["engine_pid"]
+        .as_u64()
+        .context("the server JSON has no engine_pid")?;
+    let api_port = server["port"].as_u64().unwrap_or(8000) as u16;
+    let load = Group::spawn(
+        cargo(&[
+            "vllm",
+            "load",
+            "--duration",
+            "86400",
+            "--concurrency",
+            "8",
+            "--port",
+            &api_port.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null()),
+    )?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let config = evaluation_config(state, port, args.deep_dives);
+    let config_path = state.join("evaluate.toml");
+    std::fs::write(&config_path, config)?;
+    let exe = std::env::current_exe()?;
+    let daemon = Group::spawn(
+        Command::new(&exe)
+            .args(["run", "--config"])
+            .arg(&config_path)
+            .stderr(std::fs::File::create(state.join("daemon.log"))?),
+    )?;
+    let t = Instant::now();
+    let fitted = loop {
+        if let Some(e) = engine_status(port, engine_pid).filter(|e| e["model_state"] == "fitted") {
+            break e;
+        }
+        if t.elapsed() > args.fit_timeout {
+            bail!(
+                "no fitted baseline within {:?}: see {}",
+                args.fit_timeout,
+                state.join("daemon.log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    let ucl = fitted["ucl"].as_f64().context("no UCL in the status")?;
+    info!(
+        "baseline fitted (UCL {ucl:.3}); {} scenarios × {} trials",
+        scenarios.len(),
+        args.trials
+    );
+    // Settle, and let the first normal reference be recorded.
+    std::thread::sleep(Duration::from_secs(10));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
+    let exe_s = exe.display().to_string();
+    let cpus = forward_cpus(engine_pid as u32)
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut records = Vec::new();
+    for s in scenarios {
+        for trial in 0..args.trials {
+            let lead = Duration::from_secs_f64(rng.random_range(3.0..5.0));
+            let span = Duration::from_secs_f64(rng.random_range(2.0..4.0));
+            let intensity: f64 = rng.random_range(0.5..1.0);
+            let from_us = unix_us();
+            std::thread::sleep(lead);
+            let inject_from_us = unix_us();
+            let mut inject = Command::new(&exe_s);
+            inject
+                .args(["inject", s.name, "--json", "--intensity"])
+                .arg(format!("{intensity:.3}"))
+                .arg("--duration")
+                .arg(format!("{}ms", span.as_millis()))
+                .args(["--pid", &engine_pid.to_string()])
+                .args(["--port", &api_port.to_string()])
+                .args(["--cpus", &cpus])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let child = inject.spawn()?;
+            let dive = args
+                .deep_dives
+                .then(|| request_deep_dive(port, engine_pid))
+                .flatten();
+            let out = child.wait_with_output()?;
+            let inject_to_us = unix_us();
+            if !out.status.success() {
+                bail!(
+                    "{} (trial {trial}) failed: {}",
+                    s.name,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            std::thread::sleep(Duration::from_secs(4));
+            let root_cause = dive.map(|id| deep_dive_category(port, id));
+            let to_us = unix_us();
+            info!(
+                "{} trial {trial}: intensity {intensity:.2}, {:.1} s; {}",
+                s.name,
+                (inject_to_us - inject_from_us) / 1e6,
+                report["mechanism"].as_str().unwrap_or("?")
+            );
+            records.push(TrialRecord {
+                scenario: s.name.to_string(),
+                trial,
+                intensity,
+                from_us,
+                inject_from_us,
+                inject_to_us,
+                to_us,
+                mechanism: report["mechanism"].as_str().unwrap_or_default().to_string(),
+                root_cause: root_cause.flatten(),
+            });
+        }
+    }
+    let _ = daemon.stop(Duration::from_secs(30));
+    drop(load);
+    let stream = read_iterations(&state.join("iterations.csv"))?;
+    write_outputs(&args.out, scenarios, &records, &stream, ucl, args)
+}
+
+fn unix_us() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+}
+
+/// The daemon's configuration for an evaluation: the embedded default with its state under
+/// `state`, every iteration exported, one model (no refit, so one UCL), and deep dives only
+/// on request.
+fn evaluation_config(state: &Path, port: u16, deep_dives: bool) -> String {
+    let mut cfg = DEFAULT_CONFIG
+        .replace(
+            "listen = \"127.0.0.1:9464\"",
+            &format!("listen = \"127.0.0.1:{port}\""),
+        )
+        .replace(
+            "dir = \"/var/lib/stallscope\"",
+            &format!("dir = \"{}\"", state.display()),
+        )
+        .replace(
+            "iterations_csv = \"\"",
+            &format!("iterations_csv = \"{}/iterations.csv\"", state.display()),
+        )
+        .replace("refit_every = 5000", "refit_every = 0")
+        .replace("on_alert = true", "on_alert = false")
+        .replace("max_per_hour = 6", "max_per_hour = 1000");
+    if !deep_dives {
+        cfg = cfg.replace("reference_every = \"10m\"", "reference_every = \"1000h\"");
+    }
+    cfg
+}
+
+/// POSTs a deep dive of the injection; its id.
+fn request_deep_dive(port: u16, pid: u64) -> Option<u64> {
+    // The injector needs a moment to start its stress.
+    std::thread::sleep(Duration::from_millis(300));
+    let body = json!({ "pid": pid, "duration_s": DEEP_DIVE_WINDOW }).to_string();
+    match http(port, "POST", "/api/v1/deep-dive", &body) {
+        Ok((202, v)) => v["id"].as_u64(),
+        Ok((code, v)) => {
+            warn!("deep dive refused ({code}): {v}");
+            None
+        }
+        Err(e) => {
+            warn!("deep dive request failed: {e:#}");
+            None
+        }
+    }
+}
+
+/// Waits (at most 2 minutes) for deep dive `id`; its category, or `none` when nothing stood
+/// out.
+fn deep_dive_category(port: u16, id: u64) -> Option<String> {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(120) {
+        if let Ok((200, r)) = http(port, "GET", &format!("/api/v1/deep-dives/{id}"), "") {
+            match r["state"].as_str() {
+                Some("done") => return Some(r["category"].as_str().unwrap_or("none").to_string()),
+                Some("failed") => return None,
+                _ => {}
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    None
+}
+
+/// Decode iterations with a prediction, from the daemon's iteration export.
+fn read_iterations(path: &Path) -> Result<Vec<Iteration>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the iteration export {}", path.display()))?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .context("an empty export")?
+        .split(',')
+        .collect();
+    let col = |n: &str| {
+        header
+            .iter()
+            .position(|h| *h == n)
+            .with_context(|| format!("no {n} column in {}", path.display()))
+    };
+    let (start, dur, stage, pred) = (
+        col("start_ts")?,
+        col("duration_us")?,
+        col("stage")?,
+        col("predicted_us")?,
+    );
+    Ok(lines
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f.get(stage)? == &"decode").then_some(())?;
+            Some(Iteration {
+                start_us: f.get(start)?.parse().ok()?,
+                duration_us: f.get(dur)?.parse().ok()?,
+                predicted_us: f.get(pred)?.parse().ok()?,
+            })
+        })
+        .collect())
+}
+
+fn strategies() -> [Strategy; 3] {
+    [
+        Strategy::DynamicPoint,
+        Strategy::DynamicWindow,
+        Strategy::FixedWindow(FIXED_THRESHOLD),
+    ]
+}
+
+fn write_outputs(
+    out: &Path,
+    scenarios: &[&anomaly_suite::Scenario],
+    records: &[TrialRecord],
+    stream: &[Iteration],
+    ucl: f64,
+    args: &EvaluateArgs,
+) -> Result<()> {
+    let trials_of = |name: Option<&str>| -> Vec<Trial> {
+        records
+            .iter()
+            .filter(|r| name.is_none_or(|n| r.scenario == n))
+            .map(|r| Trial {
+                from_us: r.from_us,
+                to_us: r.to_us,
+                inject_from_us: r.inject_from_us,
+                inject_to_us: r.inject_to_us,
+            })
+            .collect()
+    };
+    let mut table: BTreeMap<String, Vec<(String, Scores)>> = BTreeMap::new();
+    for strategy in strategies() {
+        let flags = score::flags(stream, strategy, ucl, WINDOW);
+        for name in scenarios.iter().map(|s| Some(s.name)).chain([None]) {
+            let s = score::score(stream, &flags, &trials_of(name));
+            table
+                .entry(strategy.name())
+                .or_default()
+                .push((name.unwrap_or("overall").to_string(), s));
+        }
+    }
+    // trials.csv
+    let mut csv = String::from(
+        "scenario,trial,intensity,from_us,inject_from_us,inject_to_us,to_us,root_cause,mechanism\n",
+    );
+    for r in records {
+        let _ = writeln!(
+            csv,
+            "{},{},{:.3},{:.0},{:.0},{:.0},{:.0},{},\"{}\"",
+            r.scenario,
+            r.trial,
+            r.intensity,
+            r.from_us,
+            r.inject_from_us,
+            r.inject_to_us,
+            r.to_us,
+            r.root_cause.as_deref().unwrap_or(""),
+            r.mechanism.replace('"', "'")
+        );
+    }
+    std::fs::write(out.join("trials.csv"), csv)?;
+    // root cause top-1
+    let root_causes: Vec<Value> = scenarios
+        .iter()
+        .filter(|_| args.deep_dives)
+        .map(|s| {
+            let got: Vec<&str> = records
+                .iter()
+                .filter(|r| r.scenario == s.name)
+                .filter_map(|r| r.root_cause.as_deref())
+                .collect();
+            let correct = s
+                .cause
+                .map(|c| got.iter().filter(|g| **g == c).count());
+            json!({"scenario": s.name, "expected": s.cause, "deep_dives": got.len(), "correct": correct, "categories": got})
+        })
+        .collect();
+    let scores = json!({
+        "ucl": ucl,
+        "window": WINDOW,
+        "seed": args.seed,
+        "trials_per_scenario": args.trials,
+        "decode_iterations": stream.len(),
+        "strategies": table.iter().map(|(k, v)| (k.clone(), v.iter().map(|(n, s)| (n.clone(), s)).collect::<BTreeMap<_, _>>())).collect::<BTreeMap<_, _>>(),
+        "root_cause_top1": root_causes,
+    });
+    std::fs::write(
+        out.join("scores.json"),
+        serde_json::to_string_pretty(&scores)?,
+    )?;
+    std::fs::write(
+        out.join("table.md"),
+        markdown(&table, ucl, args, records, &root_causes),
+    )?;
+    let heat = crate::heatmap::Heatmap::from_trials(
+        stream,
+        records
+            .iter()
+            .map(|r| (r.scenario.as_str(), r.inject_from_us)),
+        HEAT_BEFORE,
+        HEAT_AFTER,
+        WINDOW,
+    );
+    heat.write_png(&out.join("heatmap.png"), ucl)?;
+    print!("{}", std::fs::read_to_string(out.join("table.md"))?);
+    Ok(())
+}
+
+fn pct(v: f64) -> String {
+    format!("{:.1}", 100.0 * v)
+}
+
+fn markdown(
+    table: &BTreeMap<String, Vec<(String, Scores)>>,
+    ucl: f64,
+    args: &EvaluateArgs,
+    records: &[TrialRecord],
+    root_causes: &[Value],
+) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# Detection on vLLM ({} trials per scenario, seed {}, UCL {ucl:.3}, W = {WINDOW})\n",
+        args.trials, args.seed
+    );
+    let _ = writeln!(s, "Per decode iteration; an iteration is abnormal when it overlaps its trial's injection. Lag: abnormal iterations (and ms from the injection start) before the first flagged one, over detected trials.\n");
+    let _ = writeln!(s, "| Strategy | Scenario | Precision % | Recall % | F1 % | FPR % | Detected | Lag (it) | Lag (ms) |");
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (strategy, rows) in table {
+        for (name, x) in rows {
+            let _ = writeln!(
+                s,
+                "| {strategy} | {name} | {} | {} | {} | {:.2} | {}/{} | {} | {} |",
+                pct(x.precision),
+                pct(x.recall),
+                pct(x.f1),
+                100.0 * x.fpr,
+                x.detected,
+                x.trials,
+                x.lag_iterations.map_or("-".into(), |v| format!("{v:.1}")),
+                x.lag_ms.map_or("-".into(), |v| format!("{v:.0}")),
+            );
+        }
+    }
+    if !root_causes.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n## Root cause top-1 (deep dive during each injection)\n"
+        );
+        let _ = writeln!(s, "| Scenario | Expected | Correct | Categories |");
+        let _ = writeln!(s, "|---|---|---:|---|");
+        for r in root_causes {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} |",
+                r["scenario"].as_str().unwrap_or(""),
+                r["expected"].as_str().unwrap_or("-"),
+                r["correct"]
+                    .as_u64()
+                    .map_or("-".into(), |c| format!("{c}/{}", r["deep_dives"])),
+                r["categories"]
+                    .as_array()
+                    .map(|a| a
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join(", "))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    let _ = writeln!(s, "\n## Mechanisms (first trial of each scenario)\n");
+    let mut seen = std::collections::BTreeSet::new();
+    for r in records {
+        if seen.insert(&r.scenario) {
+            let _ = writeln!(s, "- {}: {}", r.scenario, r.mechanism);
+        }
+    }
+    s
+}

@@ -1,0 +1,550 @@
+//! `stallscope inject` against real processes: each CPU-side scenario produces its stress
+//! (measured from /proc, cgroup files or the target's own report) and leaves nothing behind,
+//! both when its time is up and when it is stopped with SIGTERM.
+
+use std::{
+    io::{BufRead, BufReader, Read},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+mod common;
+use common::{python, require_root, stallscope, tmpdir, Proc};
+
+/// One line of the victim: (monotonic s, gen-2 collections, work ms, stalled flag).
+type Line = (f64, u64, f64, bool);
+
+/// The victim (tests/targets/py_victim.py) and the lines it prints:
+/// (monotonic s, gen-2 collections, work ms, stalled flag).
+struct Victim {
+    proc: Proc,
+    lines: Arc<Mutex<Vec<Line>>>,
+}
+
+impl Victim {
+    fn start(cwd: &Path) -> Victim {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_victim.py");
+        let mut proc = Proc::spawn(
+            Command::new(python("3.12"))
+                .arg(script)
+                .current_dir(cwd)
+                .stdout(Stdio::piped()),
+        );
+        let mut out = BufReader::new(proc.0.stdout.take().unwrap());
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        assert!(first.starts_with("ready "), "{first}");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for l in out.lines().map_while(Result::ok) {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                if let [t, c, w, s] = f[..] {
+                    sink.lock().unwrap().push((
+                        t.parse().unwrap(),
+                        c.parse().unwrap(),
+                        w.parse().unwrap(),
+                        s == "1",
+                    ));
+                }
+            }
+        });
+        Victim { proc, lines }
+    }
+
+    fn pid(&self) -> u32 {
+        self.proc.0.id()
+    }
+
+    /// Lines printed from now on, for `d`.
+    fn watch(&self, d: Duration) -> Vec<Line> {
+        let n = self.lines.lock().unwrap().len();
+        std::thread::sleep(d);
+        self.lines.lock().unwrap()[n..].to_vec()
+    }
+}
+
+fn inject(args: &[&str]) -> Child {
+    stallscope()
+        .arg("inject")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for the injector; asserts it succeeded; returns its stdout.
+fn finish(c: Child) -> String {
+    let out = c.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "inject failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// SIGTERM after `after`; the injector must exit (successfully) within 3 s.
+fn terminate(mut c: Child, after: Duration) -> String {
+    std::thread::sleep(after);
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    while c.try_wait().unwrap().is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "inject ignored SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    finish(c)
+}
+
+/// Busy fraction of `cpu` over `d`, from /proc/stat.
+fn cpu_busy(cpu: usize, d: Duration) -> f64 {
+    let read = || -> (u64, u64) {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap();
+        let line = stat
+            .lines()
+            .find(|l| l.starts_with(&format!("cpu{cpu} ")))
+            .unwrap();
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|x| x.parse().unwrap())
+            .collect();
+        let idle = v[3] + v[4];
+        (v.iter().sum::<u64>() - idle, v.iter().sum())
+    };
+    let (b0, t0) = read();
+    std::thread::sleep(d);
+    let (b1, t1) = read();
+    (b1 - b0) as f64 / (t1 - t0).max(1) as f64
+}
+
+/// CPU seconds `pid` used over `d` (utime + stime).
+fn cpu_rate(pid: u32, d: Duration) -> f64 {
+    let read = || -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let f: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+    };
+    let a = read();
+    std::thread::sleep(d);
+    (read() - a) as f64 / 100.0 / d.as_secs_f64()
+}
+
+fn cpu_cgroup(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .unwrap()
+        .lines()
+        .find(|l| {
+            l.split(':')
+                .nth(1)
+                .is_some_and(|c| c.split(',').any(|x| x == "cpu"))
+                || l.starts_with("0::")
+        })
+        .unwrap()
+        .to_string()
+}
+
+fn mem_available_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn list_names_every_scenario() {
+    let out = common::expect_success(stallscope().args(["inject", "--list"]));
+    let text = String::from_utf8_lossy(&out);
+    for s in [
+        "cpu-contention",
+        "cpu-frequency",
+        "memory-pressure",
+        "memory-fragmentation",
+        "io-contention",
+        "network-delay",
+        "python-gc-storm",
+        "python-sync-stall",
+        "process-pause",
+    ] {
+        assert!(text.contains(s), "{s} missing from:\n{text}");
+    }
+    let e = common::expect_failure(stallscope().args(["inject", "no-such-thing"]));
+    assert!(e.contains("inject --list"), "{e}");
+    let e = common::expect_failure(stallscope().args(["inject", "process-pause"]));
+    assert!(e.contains("--pid"), "{e}");
+}
+
+#[test]
+fn cpu_contention_loads_its_cpus_until_the_deadline_or_sigterm() {
+    require_root();
+    let c = inject(&[
+        "cpu-contention",
+        "--cpus",
+        "1",
+        "--intensity",
+        "0.9",
+        "--duration",
+        "2s",
+    ]);
+    std::thread::sleep(Duration::from_millis(300));
+    let busy = cpu_busy(1, Duration::from_secs(1));
+    let report = finish(c);
+    assert!(busy > 0.7, "CPU 1 busy {busy:.2} under the hog: {report}");
+    assert!(report.contains("SCHED_FIFO"), "{report}");
+    let c = inject(&[
+        "cpu-contention",
+        "--cpus",
+        "1",
+        "--intensity",
+        "0.9",
+        "--duration",
+        "60s",
+    ]);
+    terminate(c, Duration::from_secs(1));
+    std::thread::sleep(Duration::from_millis(200));
+    let after = cpu_busy(1, Duration::from_millis(800));
+    assert!(after < 0.6, "CPU 1 still busy ({after:.2}) after SIGTERM");
+}
+
+#[test]
+fn cpu_frequency_throttles_the_engine_and_restores_its_cgroup() {
+    require_root();
+    let dir = tmpdir("inject-cpufreq");
+    let v = Victim::start(&dir);
+    let pid = v.pid();
+    let before = cpu_cgroup(pid);
+    let free = cpu_rate(pid, Duration::from_secs(1));
+    let c = inject(&[
+        "cpu-frequency",
+        "--pid",
+        &pid.to_string(),
+        "--intensity",
+        "0.95",
+        "--duration",
+        "3s",
+    ]);
+    std::thread::sleep(Duration::from_millis(500));
+    let during_cg = cpu_cgroup(pid);
+    let throttled = cpu_rate(pid, Duration::from_secs(1));
+    let report = finish(c);
+    assert!(
+        during_cg.contains(&format!("stallscope-inject-{pid}")),
+        "{during_cg}; {report}"
+    );
+    assert!(
+        throttled < 0.6 * free,
+        "the victim used {free:.2} CPU free and {throttled:.2} throttled: {report}"
+    );
+    assert_eq!(cpu_cgroup(pid), before, "cgroup restored");
+    let gone = |pid: u32| {
+        !["/sys/fs/cgroup/cpu", "/sys/fs/cgroup"].iter().any(|r| {
+            Path::new(r)
+                .join(format!("stallscope-inject-{pid}"))
+                .exists()
+        })
+    };
+    assert!(gone(pid));
+    let c = inject(&[
+        "cpu-frequency",
+        "--pid",
+        &pid.to_string(),
+        "--duration",
+        "60s",
+    ]);
+    terminate(c, Duration::from_secs(1));
+    assert_eq!(cpu_cgroup(pid), before, "cgroup restored after SIGTERM");
+    assert!(gone(pid));
+}
+
+#[test]
+fn memory_pressure_takes_memory_and_gives_it_back() {
+    require_root();
+    let dir = tmpdir("inject-mem");
+    let v = Victim::start(&dir);
+    let before = mem_available_kib();
+    let c = inject(&[
+        "memory-pressure",
+        "--pid",
+        &v.pid().to_string(),
+        "--intensity",
+        "0.5",
+        "--duration",
+        "4s",
+    ]);
+    std::thread::sleep(Duration::from_millis(2500));
+    let during = mem_available_kib();
+    let report = finish(c);
+    std::thread::sleep(Duration::from_millis(500));
+    let after = mem_available_kib();
+    // This VM hands out memory at about 1 GB/s: after 2.5 s at least 1 GB must be taken.
+    assert!(
+        during + 1_000_000 < before,
+        "MemAvailable {before} kB before, {during} kB during: {report}"
+    );
+    assert!(
+        (after as f64) > 0.9 * before as f64,
+        "MemAvailable {after} kB after (before {before})"
+    );
+    let c = inject(&[
+        "memory-pressure",
+        "--pid",
+        &v.pid().to_string(),
+        "--intensity",
+        "0.3",
+        "--duration",
+        "60s",
+    ]);
+    terminate(c, Duration::from_secs(1));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!((mem_available_kib() as f64) > 0.9 * before as f64);
+}
+
+#[test]
+fn memory_fragmentation_churns_the_allocator() {
+    require_root();
+    let c = inject(&[
+        "memory-fragmentation",
+        "--intensity",
+        "0.5",
+        "--duration",
+        "1500ms",
+    ]);
+    let pid = c.id();
+    std::thread::sleep(Duration::from_millis(1000));
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let minflt: u64 = f[7].parse().unwrap();
+    let report = finish(c);
+    assert!(minflt > 10_000, "{minflt} minor faults: {report}");
+    assert!(report.contains("allocate/free cycles"), "{report}");
+}
+
+#[test]
+fn io_contention_writes_and_syncs_then_removes_its_files() {
+    require_root();
+    let dir = tmpdir("inject-io");
+    let v = Victim::start(&dir);
+    let scratch = |d: &Path| {
+        std::fs::read_dir(d)
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(".stallscope-io-")
+            })
+            .count()
+    };
+    let c = inject(&[
+        "io-contention",
+        "--pid",
+        &v.pid().to_string(),
+        "--intensity",
+        "0.25",
+        "--duration",
+        "2s",
+    ]);
+    let pid = c.id();
+    std::thread::sleep(Duration::from_millis(1200));
+    let files = scratch(&dir);
+    let mut io = String::new();
+    std::fs::File::open(format!("/proc/{pid}/io"))
+        .unwrap()
+        .read_to_string(&mut io)
+        .unwrap();
+    let written: u64 = io
+        .lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let report = finish(c);
+    assert!(
+        files >= 1,
+        "no scratch file in the engine's directory: {report}"
+    );
+    assert!(written > 1 << 20, "{written} bytes written: {report}");
+    assert_eq!(scratch(&dir), 0, "scratch files left behind");
+    let c = inject(&[
+        "io-contention",
+        "--pid",
+        &v.pid().to_string(),
+        "--duration",
+        "60s",
+    ]);
+    terminate(c, Duration::from_secs(1));
+    assert_eq!(scratch(&dir), 0, "scratch files left behind after SIGTERM");
+}
+
+#[test]
+fn network_delay_touches_only_loopback_and_always_removes_its_qdisc() {
+    require_root();
+    let qdiscs = || {
+        String::from_utf8_lossy(
+            &Command::new("tc")
+                .args(["qdisc", "show", "dev", "lo"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .into_owned()
+    };
+    let before = qdiscs();
+    let out = stallscope()
+        .args(["inject", "network-delay", "--port", "9", "--duration", "1s"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Hosts without sch_netem (this one) get one clear error; either way nothing stays.
+    assert!(out.status.success() || stderr.contains("netem"), "{stderr}");
+    assert_eq!(qdiscs(), before, "loopback qdiscs changed");
+}
+
+#[test]
+fn python_gc_storm_runs_collections_inside_the_engine() {
+    require_root();
+    let dir = tmpdir("inject-gc");
+    let v = Victim::start(&dir);
+    let c = inject(&[
+        "python-gc-storm",
+        "--pid",
+        &v.pid().to_string(),
+        "--intensity",
+        "0.5",
+        "--duration",
+        "2s",
+    ]);
+    std::thread::sleep(Duration::from_millis(500));
+    let during = v.watch(Duration::from_secs(1));
+    let report = finish(c);
+    std::thread::sleep(Duration::from_millis(300));
+    let after = v.watch(Duration::from_secs(1));
+    let collections = |l: &[Line]| l.last().unwrap().1 - l.first().unwrap().1;
+    assert!(
+        collections(&during) >= 10,
+        "{} full collections in 1 s: {report}",
+        collections(&during)
+    );
+    assert!(
+        collections(&after) <= 1,
+        "the storm went on: {}",
+        collections(&after)
+    );
+}
+
+#[test]
+fn python_sync_stall_slows_the_function_and_puts_it_back() {
+    require_root();
+    let dir = tmpdir("inject-stall");
+    let v = Victim::start(&dir);
+    let pid = v.pid().to_string();
+    let args: [&str; 7] = [
+        "python-sync-stall",
+        "--pid",
+        &pid,
+        "--function",
+        "__main__:Worker.work",
+        "--intensity",
+        "0.5",
+    ];
+    let c = inject(&[&args[..], &["--duration", "2s"]].concat());
+    std::thread::sleep(Duration::from_millis(700));
+    let during = v.watch(Duration::from_millis(800));
+    let report = finish(c);
+    std::thread::sleep(Duration::from_millis(300));
+    let after = v.watch(Duration::from_millis(500));
+    assert!(
+        during.iter().all(|l| l.3 && l.2 >= 9.0),
+        "{during:?}: {report}"
+    );
+    assert!(
+        after.iter().all(|l| !l.3 && l.2 < 8.0),
+        "not put back: {after:?}"
+    );
+    let c = inject(&[&args[..], &["--duration", "60s"]].concat());
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(v.watch(Duration::from_millis(300)).iter().all(|l| l.3));
+    terminate(c, Duration::ZERO);
+    std::thread::sleep(Duration::from_millis(300));
+    let after = v.watch(Duration::from_millis(500));
+    assert!(
+        after.iter().all(|l| !l.3),
+        "not put back after SIGTERM: {after:?}"
+    );
+}
+
+#[test]
+fn process_pause_stops_the_engine_and_always_continues_it() {
+    require_root();
+    let dir = tmpdir("inject-pause");
+    let v = Victim::start(&dir);
+    let pid = v.pid();
+    let state = || {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        s.rsplit(')')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let c = inject(&[
+        "process-pause",
+        "--pid",
+        &pid.to_string(),
+        "--intensity",
+        "0.5",
+        "--duration",
+        "2s",
+    ]);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut stopped = 0;
+    for _ in 0..100 {
+        stopped += usize::from(state() == "T");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let report = finish(c);
+    assert!(stopped >= 20, "stopped in {stopped}/100 samples: {report}");
+    assert_ne!(state(), "T");
+    let c = inject(&[
+        "process-pause",
+        "--pid",
+        &pid.to_string(),
+        "--intensity",
+        "0.9",
+        "--duration",
+        "60s",
+    ]);
+    terminate(c, Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_ne!(state(), "T", "left stopped after SIGTERM");
+    assert!(
+        !v.watch(Duration::from_millis(300)).is_empty(),
+        "the victim runs again"
+    );
+}
