@@ -66,10 +66,23 @@ impl Victim {
     }
 }
 
-fn inject(args: &[&str]) -> Child {
-    stallscope()
-        .arg("inject")
-        .args(args)
+/// Starts `stallscope inject SCENARIO [--pid P] [--intensity X] --duration D EXTRA...`.
+fn inject(
+    scenario: &str,
+    pid: Option<u32>,
+    intensity: Option<&str>,
+    duration: &str,
+    extra: &[&str],
+) -> Child {
+    let mut cmd = stallscope();
+    cmd.args(["inject", scenario, "--duration", duration]);
+    if let Some(pid) = pid {
+        cmd.args(["--pid", &pid.to_string()]);
+    }
+    if let Some(x) = intensity {
+        cmd.args(["--intensity", x]);
+    }
+    cmd.args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -195,29 +208,13 @@ fn list_names_every_scenario() {
 #[test]
 fn cpu_contention_loads_its_cpus_until_the_deadline_or_sigterm() {
     require_root();
-    let c = inject(&[
-        "cpu-contention",
-        "--cpus",
-        "1",
-        "--intensity",
-        "0.9",
-        "--duration",
-        "2s",
-    ]);
+    let c = inject("cpu-contention", None, Some("0.9"), "2s", &["--cpus", "1"]);
     std::thread::sleep(Duration::from_millis(300));
     let busy = cpu_busy(1, Duration::from_secs(1));
     let report = finish(c);
     assert!(busy > 0.7, "CPU 1 busy {busy:.2} under the hog: {report}");
     assert!(report.contains("SCHED_FIFO"), "{report}");
-    let c = inject(&[
-        "cpu-contention",
-        "--cpus",
-        "1",
-        "--intensity",
-        "0.9",
-        "--duration",
-        "60s",
-    ]);
+    let c = inject("cpu-contention", None, Some("0.9"), "60s", &["--cpus", "1"]);
     terminate(c, Duration::from_secs(1));
     std::thread::sleep(Duration::from_millis(200));
     let after = cpu_busy(1, Duration::from_millis(800));
@@ -232,15 +229,7 @@ fn cpu_frequency_throttles_the_engine_and_restores_its_cgroup() {
     let pid = v.pid();
     let before = cpu_cgroup(pid);
     let free = cpu_rate(pid, Duration::from_secs(1));
-    let c = inject(&[
-        "cpu-frequency",
-        "--pid",
-        &pid.to_string(),
-        "--intensity",
-        "0.95",
-        "--duration",
-        "3s",
-    ]);
+    let c = inject("cpu-frequency", Some(pid), Some("0.95"), "3s", &[]);
     std::thread::sleep(Duration::from_millis(500));
     let during_cg = cpu_cgroup(pid);
     let throttled = cpu_rate(pid, Duration::from_secs(1));
@@ -262,13 +251,7 @@ fn cpu_frequency_throttles_the_engine_and_restores_its_cgroup() {
         })
     };
     assert!(gone(pid));
-    let c = inject(&[
-        "cpu-frequency",
-        "--pid",
-        &pid.to_string(),
-        "--duration",
-        "60s",
-    ]);
+    let c = inject("cpu-frequency", Some(pid), None, "60s", &[]);
     terminate(c, Duration::from_secs(1));
     assert_eq!(cpu_cgroup(pid), before, "cgroup restored after SIGTERM");
     assert!(gone(pid));
@@ -280,15 +263,7 @@ fn memory_pressure_takes_memory_and_gives_it_back() {
     let dir = tmpdir("inject-mem");
     let v = Victim::start(&dir);
     let before = mem_available_kib();
-    let c = inject(&[
-        "memory-pressure",
-        "--pid",
-        &v.pid().to_string(),
-        "--intensity",
-        "0.5",
-        "--duration",
-        "4s",
-    ]);
+    let c = inject("memory-pressure", Some(v.pid()), Some("0.5"), "4s", &[]);
     std::thread::sleep(Duration::from_millis(2500));
     let during = mem_available_kib();
     let report = finish(c);
@@ -303,15 +278,7 @@ fn memory_pressure_takes_memory_and_gives_it_back() {
         (after as f64) > 0.9 * before as f64,
         "MemAvailable {after} kB after (before {before})"
     );
-    let c = inject(&[
-        "memory-pressure",
-        "--pid",
-        &v.pid().to_string(),
-        "--intensity",
-        "0.3",
-        "--duration",
-        "60s",
-    ]);
+    let c = inject("memory-pressure", Some(v.pid()), Some("0.3"), "60s", &[]);
     terminate(c, Duration::from_secs(1));
     std::thread::sleep(Duration::from_millis(500));
     assert!((mem_available_kib() as f64) > 0.9 * before as f64);
@@ -320,13 +287,7 @@ fn memory_pressure_takes_memory_and_gives_it_back() {
 #[test]
 fn memory_fragmentation_churns_the_allocator() {
     require_root();
-    let c = inject(&[
-        "memory-fragmentation",
-        "--intensity",
-        "0.5",
-        "--duration",
-        "1500ms",
-    ]);
+    let c = inject("memory-fragmentation", None, Some("0.5"), "1500ms", &[]);
     let pid = c.id();
     std::thread::sleep(Duration::from_millis(1000));
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -358,15 +319,7 @@ fn io_contention_writes_and_syncs_then_removes_its_files() {
             })
             .count()
     };
-    let c = inject(&[
-        "io-contention",
-        "--pid",
-        &v.pid().to_string(),
-        "--intensity",
-        "0.25",
-        "--duration",
-        "2s",
-    ]);
+    let c = inject("io-contention", Some(v.pid()), Some("0.25"), "2s", &[]);
     let pid = c.id();
     std::thread::sleep(Duration::from_millis(1200));
     let files = scratch(&dir);
@@ -389,13 +342,7 @@ fn io_contention_writes_and_syncs_then_removes_its_files() {
     );
     assert!(written > 1 << 20, "{written} bytes written: {report}");
     assert_eq!(scratch(&dir), 0, "scratch files left behind");
-    let c = inject(&[
-        "io-contention",
-        "--pid",
-        &v.pid().to_string(),
-        "--duration",
-        "60s",
-    ]);
+    let c = inject("io-contention", Some(v.pid()), None, "60s", &[]);
     terminate(c, Duration::from_secs(1));
     assert_eq!(scratch(&dir), 0, "scratch files left behind after SIGTERM");
 }
@@ -429,15 +376,7 @@ fn python_gc_storm_runs_collections_inside_the_engine() {
     require_root();
     let dir = tmpdir("inject-gc");
     let v = Victim::start(&dir);
-    let c = inject(&[
-        "python-gc-storm",
-        "--pid",
-        &v.pid().to_string(),
-        "--intensity",
-        "0.5",
-        "--duration",
-        "2s",
-    ]);
+    let c = inject("python-gc-storm", Some(v.pid()), Some("0.5"), "2s", &[]);
     std::thread::sleep(Duration::from_millis(500));
     let during = v.watch(Duration::from_secs(1));
     let report = finish(c);
@@ -461,17 +400,16 @@ fn python_sync_stall_slows_the_function_and_puts_it_back() {
     require_root();
     let dir = tmpdir("inject-stall");
     let v = Victim::start(&dir);
-    let pid = v.pid().to_string();
-    let args: [&str; 7] = [
-        "python-sync-stall",
-        "--pid",
-        &pid,
-        "--function",
-        "__main__:Worker.work",
-        "--intensity",
-        "0.5",
-    ];
-    let c = inject(&[&args[..], &["--duration", "2s"]].concat());
+    let stall = |duration| {
+        inject(
+            "python-sync-stall",
+            Some(v.pid()),
+            Some("0.5"),
+            duration,
+            &["--function", "__main__:Worker.work"],
+        )
+    };
+    let c = stall("2s");
     std::thread::sleep(Duration::from_millis(700));
     let during = v.watch(Duration::from_millis(800));
     let report = finish(c);
@@ -485,7 +423,7 @@ fn python_sync_stall_slows_the_function_and_puts_it_back() {
         after.iter().all(|l| !l.3 && l.2 < 8.0),
         "not put back: {after:?}"
     );
-    let c = inject(&[&args[..], &["--duration", "60s"]].concat());
+    let c = stall("60s");
     std::thread::sleep(Duration::from_millis(700));
     assert!(v.watch(Duration::from_millis(300)).iter().all(|l| l.3));
     terminate(c, Duration::ZERO);
@@ -513,15 +451,7 @@ fn process_pause_stops_the_engine_and_always_continues_it() {
             .unwrap()
             .to_string()
     };
-    let c = inject(&[
-        "process-pause",
-        "--pid",
-        &pid.to_string(),
-        "--intensity",
-        "0.5",
-        "--duration",
-        "2s",
-    ]);
+    let c = inject("process-pause", Some(pid), Some("0.5"), "2s", &[]);
     std::thread::sleep(Duration::from_millis(200));
     let mut stopped = 0;
     for _ in 0..100 {
@@ -531,15 +461,7 @@ fn process_pause_stops_the_engine_and_always_continues_it() {
     let report = finish(c);
     assert!(stopped >= 20, "stopped in {stopped}/100 samples: {report}");
     assert_ne!(state(), "T");
-    let c = inject(&[
-        "process-pause",
-        "--pid",
-        &pid.to_string(),
-        "--intensity",
-        "0.9",
-        "--duration",
-        "60s",
-    ]);
+    let c = inject("process-pause", Some(pid), Some("0.9"), "60s", &[]);
     terminate(c, Duration::from_millis(500));
     std::thread::sleep(Duration::from_millis(100));
     assert_ne!(state(), "T", "left stopped after SIGTERM");

@@ -484,7 +484,7 @@ fn served_model(pid: u32) -> String {
     "unknown".to_string()
 }
 
-/// CPU model and count (the GPU plane adds its devices).
+/// CPU model and count, and the GPUs NVML sees.
 fn hardware() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let name = cpuinfo
@@ -493,7 +493,10 @@ fn hardware() -> String {
         .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
         .unwrap_or_else(|| "unknown CPU".to_string());
     let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-    format!("{name} x{n}")
+    match crate::gpu_plane::nvml::Gpus::open() {
+        Ok(g) => format!("{name} x{n}, {}", g.describe()),
+        Err(_) => format!("{name} x{n}"),
+    }
 }
 
 fn load_model(path: &Path, fp: &Fingerprint) -> Option<Baseline> {

@@ -1,15 +1,11 @@
 //! `stallscope inject`: run one anomaly scenario against an engine for a bounded time. It
 //! always undoes itself: at the deadline, on SIGINT/SIGTERM, and when its parent dies.
 
-use std::{
-    sync::atomic::{AtomicBool, Ordering},
-    time::Duration,
-};
+use std::time::Duration;
 
 use anyhow::Result;
 
-/// Set by SIGINT/SIGTERM (and by the parent's death, delivered as SIGTERM).
-static STOP: AtomicBool = AtomicBool::new(false);
+use crate::stop_flag;
 
 /// Options of `stallscope inject`.
 #[derive(Debug, clap::Args)]
@@ -43,10 +39,6 @@ pub struct InjectArgs {
     pub json: bool,
 }
 
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
 /// Runs the scenario, or lists them.
 pub fn run(args: &InjectArgs) -> Result<()> {
     if args.list {
@@ -72,14 +64,8 @@ pub fn run(args: &InjectArgs) -> Result<()> {
         port: args.port,
         function: args.function.clone(),
     };
-    // SAFETY: the handler only stores to an atomic; PR_SET_PDEATHSIG turns the parent's
-    // death into SIGTERM for this process.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-    }
-    let report = scenario.run(&params, &STOP)?;
+    stop_flag::install(true);
+    let report = scenario.run(&params, &stop_flag::STOP)?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -88,7 +74,7 @@ pub fn run(args: &InjectArgs) -> Result<()> {
             report.scenario,
             report.mechanism,
             report.held_ms / 1e3,
-            if STOP.load(Ordering::SeqCst) {
+            if stop_flag::requested() {
                 ", stopped early by a signal"
             } else {
                 ""

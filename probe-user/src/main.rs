@@ -12,6 +12,7 @@ mod engine;
 mod evaluate_cmd;
 mod export;
 mod features;
+mod gpu_plane;
 mod heatmap;
 mod http;
 mod inject_cmd;
@@ -23,6 +24,7 @@ mod probe_cmd;
 mod procfs;
 mod python_plane;
 mod shared;
+mod stop_flag;
 mod syscall_names;
 mod telemetry;
 
@@ -97,6 +99,10 @@ enum Command {
     /// precision, recall, F1, FPR and lag per strategy (trials.csv, scores.json, table.md,
     /// heatmap.png).
     Evaluate(evaluate_cmd::EvaluateArgs),
+    /// Trace what a live Python process runs on its GPU for a window (CUPTI, through an agent
+    /// library loaded at a Python safe point and unloaded after): kernels, copies, API calls,
+    /// their correlation, launch latency, busy share; optionally a Perfetto trace.
+    Gpu(gpu_plane::cmd::GpuArgs),
     /// Print the Python stack of every thread of a process (a hang dump), sampled with py-spy
     /// without pausing it.
     Dump {
@@ -157,6 +163,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Inject(args) => inject_cmd::run(&args),
         Command::Evaluate(args) => evaluate_cmd::run(&args),
         Command::Predict(args) => model_cmd::predict(&args),
+        Command::Gpu(args) => gpu_plane::cmd::run(&args),
         Command::Probe(args) => rt.block_on(probe_cmd::run(&args, &paths)),
         Command::DeepDive(args) => rt.block_on(deep_dive::cmd::run(&args, &paths)),
         Command::Dump { pid, json } => {

@@ -1,6 +1,7 @@
 //! Host telemetry for deep dives, sampled on a thread at a fixed rate (≥ 100 Hz): per-CPU
 //! utilisation (/proc/stat), per-CPU frequency (cpufreq, where the host has it), pressure
-//! stall information (/proc/pressure), and memory and paging (/proc/meminfo, /proc/vmstat).
+//! stall information (/proc/pressure), memory and paging (/proc/meminfo, /proc/vmstat), and
+//! each GPU's NVML gauges where a driver is present.
 //!
 //! Cumulative counters become rates between consecutive samples. /proc/stat counts in
 //! clock ticks (usually 10 ms), so one 10 ms utilisation sample is coarse; means over an
@@ -64,6 +65,10 @@ impl Sampler {
             .name("stallscope-telemetry".into())
             .spawn(move || {
                 let mut t = Telemetry::default();
+                let gpus = crate::gpu_plane::nvml::Gpus::open()
+                    .map_err(|e| t.missing.push(e))
+                    .ok();
+                let mut readings = Vec::new();
                 let mut prev = Raw::read(&mut t.missing);
                 let mut next = std::time::Instant::now() + period;
                 while !flag.load(Ordering::Acquire) {
@@ -71,6 +76,15 @@ impl Sampler {
                     next += period;
                     let now = Raw::read(&mut t.missing);
                     now.record_since(&prev, &mut t);
+                    if let Some(g) = &gpus {
+                        readings.clear();
+                        g.read(&mut readings);
+                        for (name, unit, v) in readings.drain(..) {
+                            let s = t.series.entry(name).or_default();
+                            s.unit = unit;
+                            s.points.push((now.ts, v));
+                        }
+                    }
                     t.samples += 1;
                     prev = now;
                 }

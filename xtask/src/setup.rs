@@ -29,7 +29,8 @@ pub fn cache_dir() -> PathBuf {
         })
 }
 
-/// Installs what is missing, then builds the release binary.
+/// Installs what is missing, then builds the release binary, the GPU agent next to it and
+/// the stand-in libcupti the tests load.
 pub fn run() -> Result<()> {
     let nightly_dir = ebpf_toolchain()?;
     bpf_linker(&nightly_dir)?;
@@ -42,6 +43,10 @@ pub fn run() -> Result<()> {
         "--release",
         "--package",
         "probe-user",
+        "--package",
+        "cupti-agent",
+        "--package",
+        "cupti-standin",
         "--package",
         "stallscope-tests",
     ])?;

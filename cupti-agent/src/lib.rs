@@ -1,0 +1,198 @@
+//! stallscope's GPU agent, loaded into the live engine (`ctypes.CDLL` run at a Python safe
+//! point, or a plain `dlopen`).
+//!
+//! Its constructor only starts a thread ([`stallscope_gpu_agent_start`] does the same for a
+//! re-attach while the library is still loaded). The thread maps the channel the daemon
+//! created (`/dev/shm/stallscope-gpu-<pid>`; without it the thread just ends), loads the
+//! process's own libcupti, subscribes (a slot held by another tool is reported, never
+//! fought), enables kernel, memcpy, memset, runtime/driver API, synchronization and
+//! external-correlation records, and forwards them through the channel with clock
+//! calibration samples. When the daemon asks to detach, or stops beating for 30 s, it
+//! disables, flushes, unsubscribes and finalizes CUPTI, then ends, after which the library
+//! can be unloaded. Nothing here panics across FFI: every entry point catches unwinds.
+
+mod forward;
+mod shm;
+
+use std::{
+    panic::catch_unwind,
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
+
+use cupti_sys::{
+    channel::{control, state, Channel, Event},
+    kind,
+    library::Cupti,
+    result::check,
+    FLUSH_FORCED,
+};
+
+/// Activity kinds enabled; the first is required, the rest are best effort.
+const KINDS: [u32; 7] = [
+    kind::CONCURRENT_KERNEL,
+    kind::MEMCPY,
+    kind::MEMSET,
+    kind::RUNTIME,
+    kind::DRIVER,
+    kind::SYNCHRONIZATION,
+    kind::EXTERNAL_CORRELATION,
+];
+/// How often completed CUPTI buffers are flushed to the channel.
+const FLUSH_EVERY: Duration = Duration::from_millis(200);
+/// How often a clock calibration sample is sent.
+const CLOCK_EVERY: Duration = Duration::from_secs(1);
+/// Silence from the daemon after which the agent detaches by itself.
+const ORPHAN_AFTER_NS: u64 = 30_000_000_000;
+
+/// A tracing thread exists.
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+#[used]
+#[link_section = ".init_array"]
+static CONSTRUCTOR: extern "C" fn() = constructor;
+
+extern "C" fn constructor() {
+    stallscope_gpu_agent_start();
+}
+
+/// Starts the agent thread unless one is running; 1 when started, 0 otherwise.
+///
+/// The thread is made with `pthread_create`, not `std::thread`: std would give the calling
+/// (engine) thread a thread-local with a destructor in this library, and glibc never unloads
+/// a library whose thread-local destructors are still pending on a live thread.
+#[no_mangle]
+pub extern "C" fn stallscope_gpu_agent_start() -> i32 {
+    catch_unwind(|| {
+        if ACTIVE
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return 0;
+        }
+        let mut t: libc::pthread_t = 0;
+        // SAFETY: `thread_main` has the pthread start signature and takes no argument.
+        let rc = unsafe {
+            libc::pthread_create(&mut t, std::ptr::null(), thread_main, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            ACTIVE.store(false, Ordering::Release);
+            return 0;
+        }
+        // SAFETY: `t` is the thread just created; nobody joins it.
+        unsafe {
+            libc::pthread_setname_np(t, c"stallscope-gpu".as_ptr());
+            libc::pthread_detach(t);
+        }
+        1
+    })
+    .unwrap_or(0)
+}
+
+extern "C" fn thread_main(_: *mut libc::c_void) -> *mut libc::c_void {
+    agent();
+    std::ptr::null_mut()
+}
+
+fn agent() {
+    let _ = catch_unwind(|| {
+        // SAFETY: getpid/gettid cannot fail.
+        let (pid, tid) = unsafe { (libc::getpid() as u32, libc::gettid() as u32) };
+        let Some(map) = shm::Mapping::open(pid) else {
+            return;
+        };
+        let channel = map.channel();
+        channel.set_agent_tid(tid);
+        match trace(channel) {
+            Ok(()) => channel.set_state(state::DETACHED),
+            Err(msg) => channel.fail(&msg),
+        }
+    });
+    ACTIVE.store(false, Ordering::Release);
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+unsafe extern "C" fn ignore_callback(_: *mut libc::c_void, _: u32, _: u32, _: *const libc::c_void) {
+}
+
+/// Subscribes, traces until told to stop, and always gives CUPTI back.
+fn trace(channel: &Channel) -> Result<(), String> {
+    let cupti = Cupti::load().map_err(|e| e.to_string())?;
+    channel.set_cupti_version(cupti.version().unwrap_or(0));
+    let mut handle = std::ptr::null_mut();
+    // SAFETY: documented signature; the callback ignores everything.
+    check("cuptiSubscribe", unsafe {
+        (cupti.subscribe)(&mut handle, ignore_callback, std::ptr::null_mut())
+    })
+    .map_err(|e| e.to_string())?;
+    let cupti = forward::install(cupti, channel);
+    let mut enabled = Vec::new();
+    let outcome = run(&cupti, channel, &mut enabled);
+    // Give everything back, whatever happened.
+    for k in enabled.iter().rev() {
+        // SAFETY: documented signature.
+        unsafe { (cupti.activity_disable)(*k) };
+    }
+    // SAFETY: documented signatures; the forced flush delivers the last buffers to us.
+    unsafe {
+        (cupti.activity_flush_all)(FLUSH_FORCED);
+        (cupti.unsubscribe)(handle);
+        if let Some(finalize) = cupti.finalize {
+            finalize();
+        }
+    }
+    forward::uninstall();
+    outcome
+}
+
+fn run(cupti: &Cupti, channel: &Channel, enabled: &mut Vec<u32>) -> Result<(), String> {
+    // SAFETY: documented signature; both callbacks are ours and catch unwinds.
+    check("cuptiActivityRegisterCallbacks", unsafe {
+        (cupti.activity_register_callbacks)(forward::buffer_requested, forward::buffer_completed)
+    })
+    .map_err(|e| e.to_string())?;
+    for (i, k) in KINDS.iter().enumerate() {
+        // SAFETY: documented signature.
+        match check("cuptiActivityEnable", unsafe {
+            (cupti.activity_enable)(*k)
+        }) {
+            Ok(()) => enabled.push(*k),
+            Err(e) if i == 0 => return Err(format!("{e} for kernel records")),
+            Err(_) => {}
+        }
+    }
+    channel.set_state(state::RUNNING);
+    let mut last_clock: Option<Instant> = None;
+    loop {
+        if channel.control() == control::DETACH {
+            return Ok(());
+        }
+        let beat = channel.heartbeat();
+        if beat != 0 && monotonic_ns().saturating_sub(beat) > ORPHAN_AFTER_NS {
+            return Ok(());
+        }
+        if last_clock.is_none_or(|t| t.elapsed() >= CLOCK_EVERY) {
+            let mono_before_ns = monotonic_ns();
+            if let Ok(cupti_ns) = cupti.timestamp() {
+                forward::push(&Event::Clock {
+                    cupti_ns,
+                    mono_before_ns,
+                    mono_after_ns: monotonic_ns(),
+                });
+            }
+            last_clock = Some(Instant::now());
+        }
+        // SAFETY: documented signature; completed buffers come back through our callback.
+        unsafe { (cupti.activity_flush_all)(0) };
+        std::thread::sleep(FLUSH_EVERY);
+    }
+}

@@ -1,0 +1,498 @@
+//! A stand-in for libcupti.so.13 where no GPU can exist (CI): the entry points the agent calls,
+//! with CUPTI's semantics as documented (one subscriber; records delivered through the
+//! registered buffer callbacks, kernels only once they have finished, everything on a forced
+//! flush; `cuptiActivityGetNextRecord` walks CUPTI 13 record sizes; timestamps on
+//! CLOCK_REALTIME, CUPTI's default clock on Linux x86-64), and records written in the real
+//! layouts by `cupti_sys::record::encode`.
+//!
+//! Instead of CUDA work, a test target calls the `stallscope_standin_*` hooks (through
+//! ctypes): a kernel launch, a copy, a stream synchronize (which really waits for the
+//! simulated stream), or holding the subscriber slot as another tool would.
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    ffi::{c_char, c_void, CStr, CString},
+    sync::{Mutex, MutexGuard, OnceLock},
+};
+
+use cupti_sys::{
+    kind,
+    record::{encode, Activity, Api, ApiDomain, Kernel, Memcpy, Synchronization},
+    result::{self, CuptiResult},
+    FLUSH_FORCED,
+};
+
+/// `CUPTI_API_VERSION` of CUPTI 13.5, whose record sizes the stand-in writes.
+const API_VERSION: u32 = 130500;
+/// Bytes the stand-in asks its buffers to hold at least.
+const MIN_BUFFER: usize = 256;
+/// Runtime API callback ids (`CUpti_runtime_api_trace_cbid`).
+const CBID_LAUNCH_KERNEL: u32 = 211;
+const CBID_MEMCPY_ASYNC: u32 = 41;
+const CBID_STREAM_SYNCHRONIZE: u32 = 131;
+/// Simulated launch latency: a kernel starts this long after its launch call returns.
+const LAUNCH_LATENCY_NS: u64 = 4_000;
+
+type Request = unsafe extern "C" fn(*mut *mut u8, *mut usize, *mut usize);
+type Complete = unsafe extern "C" fn(*mut c_void, u32, *mut u8, usize, usize);
+
+#[derive(Default)]
+struct State {
+    subscribed: bool,
+    held_by_other: bool,
+    callbacks: Option<(Request, Complete)>,
+    enabled: u64,
+    buffer: Option<(*mut u8, usize, usize)>,
+    /// Records of GPU work not finished yet: (end time, record).
+    pending: VecDeque<(u64, Activity)>,
+    /// When each stream's queue drains.
+    busy_until: BTreeMap<u32, u64>,
+    correlation: u32,
+}
+
+// SAFETY: the buffer pointer is owned by whoever holds the lock.
+unsafe impl Send for State {}
+
+static STATE: Mutex<State> = Mutex::new(State {
+    subscribed: false,
+    held_by_other: false,
+    callbacks: None,
+    enabled: 0,
+    buffer: None,
+    pending: VecDeque::new(),
+    busy_until: BTreeMap::new(),
+    correlation: 0,
+});
+
+fn state() -> MutexGuard<'static, State> {
+    STATE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn realtime_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Full buffers to hand back, collected under the lock and delivered after it.
+type Completed = Vec<(Complete, *mut u8, usize, usize)>;
+
+impl State {
+    fn on(&self, k: u32) -> bool {
+        self.enabled & (1 << k) != 0
+    }
+
+    /// Appends `a`'s bytes to the current buffer, completing it (into `done`) when full.
+    fn append(&mut self, a: &Activity, done: &mut Completed) {
+        let Some((request, complete)) = self.callbacks else {
+            return;
+        };
+        let mut bytes = Vec::new();
+        encode::push(&mut bytes, a);
+        if let Some((p, size, used)) = self.buffer {
+            if used + bytes.len() > size {
+                done.push((complete, p, size, used));
+                self.buffer = None;
+            }
+        }
+        if self.buffer.is_none() {
+            let (mut p, mut size, mut max) = (std::ptr::null_mut(), 0usize, 0usize);
+            // SAFETY: the client's documented request callback with valid out-pointers.
+            unsafe { request(&mut p, &mut size, &mut max) };
+            if p.is_null() || size < MIN_BUFFER {
+                return;
+            }
+            self.buffer = Some((p, size, 0));
+        }
+        if let Some((p, size, used)) = self.buffer.as_mut() {
+            if *used + bytes.len() <= *size {
+                // SAFETY: inside the client's buffer of `size` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), p.add(*used), bytes.len()) };
+                *used += bytes.len();
+            }
+        }
+    }
+
+    /// Moves finished GPU work (all of it when `force`) into the buffer, and hands the
+    /// buffer back (into `done`).
+    fn flush(&mut self, force: bool, done: &mut Completed) {
+        let now = realtime_ns();
+        let mut keep = VecDeque::new();
+        while let Some((end, a)) = self.pending.pop_front() {
+            if force || end <= now {
+                self.append(&a, done);
+            } else {
+                keep.push_back((end, a));
+            }
+        }
+        self.pending = keep;
+        if let (Some((p, size, used)), Some((_, complete))) = (self.buffer, self.callbacks) {
+            if used > 0 || force {
+                done.push((complete, p, size, used));
+                self.buffer = None;
+            }
+        }
+    }
+
+    fn next_correlation(&mut self) -> u32 {
+        self.correlation += 1;
+        self.correlation
+    }
+
+    /// Queues GPU work of `duration_ns` on `stream`, starting no earlier than `after`; its
+    /// (start, end).
+    fn enqueue(&mut self, stream: u32, after: u64, duration_ns: u64) -> (u64, u64) {
+        let busy = self.busy_until.entry(stream).or_insert(0);
+        let start = (after + LAUNCH_LATENCY_NS).max(*busy);
+        *busy = start + duration_ns;
+        (start, start + duration_ns)
+    }
+
+    fn api(&mut self, cbid: u32, start: u64, correlation_id: u32, done: &mut Completed) {
+        if self.on(kind::RUNTIME) {
+            // SAFETY: getpid/gettid cannot fail.
+            let (pid, tid) = unsafe { (libc::getpid() as u32, libc::gettid() as u32) };
+            let a = Activity::Api(Api {
+                domain: ApiDomain::Runtime,
+                cbid,
+                start,
+                end: realtime_ns(),
+                process_id: pid,
+                thread_id: tid,
+                correlation_id,
+                return_value: 0,
+            });
+            self.append(&a, done);
+        }
+    }
+}
+
+fn deliver(done: Completed) {
+    for (complete, p, size, used) in done {
+        // SAFETY: the client's documented completion callback, outside our lock.
+        unsafe { complete(std::ptr::null_mut(), 0, p, size, used) };
+    }
+}
+
+/// Interned kernel names: stable C strings, as CUPTI's are.
+fn intern(name: &CStr) -> *const c_char {
+    static NAMES: OnceLock<Mutex<HashMap<CString, Box<CStr>>>> = OnceLock::new();
+    let mut names = NAMES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    names
+        .entry(name.to_owned())
+        .or_insert_with(|| name.to_owned().into_boxed_c_str())
+        .as_ptr()
+}
+
+// ---- CUPTI entry points ----
+
+/// `cuptiGetVersion`.
+#[no_mangle]
+///
+/// # Safety
+/// Pointer arguments as CUPTI documents them: valid for the accesses the call makes.
+pub unsafe extern "C" fn cuptiGetVersion(v: *mut u32) -> CuptiResult {
+    if v.is_null() {
+        return result::INVALID_PARAMETER;
+    }
+    *v = API_VERSION;
+    result::SUCCESS
+}
+
+/// `cuptiGetResultString`.
+#[no_mangle]
+///
+/// # Safety
+/// Pointer arguments as CUPTI documents them: valid for the accesses the call makes.
+pub unsafe extern "C" fn cuptiGetResultString(
+    code: CuptiResult,
+    s: *mut *const c_char,
+) -> CuptiResult {
+    static TEXT: OnceLock<Mutex<HashMap<CuptiResult, CString>>> = OnceLock::new();
+    let Some(name) = result::name(code) else {
+        return result::INVALID_PARAMETER;
+    };
+    if s.is_null() {
+        return result::INVALID_PARAMETER;
+    }
+    let mut text = TEXT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let c = text
+        .entry(code)
+        .or_insert_with(|| CString::new(format!("CUPTI_ERROR_{name}")).unwrap_or_default());
+    *s = c.as_ptr();
+    result::SUCCESS
+}
+
+/// `cuptiSubscribe`: one subscriber at a time.
+#[no_mangle]
+///
+/// # Safety
+/// Pointer arguments as CUPTI documents them: valid for the accesses the call makes.
+pub unsafe extern "C" fn cuptiSubscribe(
+    handle: *mut *mut c_void,
+    _callback: *const c_void,
+    _userdata: *mut c_void,
+) -> CuptiResult {
+    let mut s = state();
+    if s.subscribed || s.held_by_other {
+        return result::MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+    }
+    if handle.is_null() {
+        return result::INVALID_PARAMETER;
+    }
+    s.subscribed = true;
+    *handle = std::ptr::dangling_mut::<c_void>();
+    result::SUCCESS
+}
+
+/// `cuptiUnsubscribe`.
+#[no_mangle]
+pub extern "C" fn cuptiUnsubscribe(_handle: *mut c_void) -> CuptiResult {
+    let mut s = state();
+    if !s.subscribed {
+        return result::INVALID_PARAMETER;
+    }
+    s.subscribed = false;
+    result::SUCCESS
+}
+
+/// `cuptiActivityRegisterCallbacks`.
+#[no_mangle]
+pub extern "C" fn cuptiActivityRegisterCallbacks(
+    request: Option<Request>,
+    complete: Option<Complete>,
+) -> CuptiResult {
+    match (request, complete) {
+        (Some(r), Some(c)) => {
+            state().callbacks = Some((r, c));
+            result::SUCCESS
+        }
+        _ => result::INVALID_PARAMETER,
+    }
+}
+
+/// `cuptiActivityEnable`.
+#[no_mangle]
+pub extern "C" fn cuptiActivityEnable(k: u32) -> CuptiResult {
+    if k >= 64 {
+        return 21; // CUPTI_ERROR_INVALID_KIND
+    }
+    state().enabled |= 1 << k;
+    result::SUCCESS
+}
+
+/// `cuptiActivityDisable`.
+#[no_mangle]
+pub extern "C" fn cuptiActivityDisable(k: u32) -> CuptiResult {
+    if k >= 64 {
+        return 21;
+    }
+    state().enabled &= !(1 << k);
+    result::SUCCESS
+}
+
+/// `cuptiActivityFlushAll`.
+#[no_mangle]
+pub extern "C" fn cuptiActivityFlushAll(flag: u32) -> CuptiResult {
+    let mut done = Vec::new();
+    state().flush(flag & FLUSH_FORCED != 0, &mut done);
+    deliver(done);
+    result::SUCCESS
+}
+
+/// `cuptiActivityGetNextRecord`: walks a buffer of CUPTI 13-sized records.
+#[no_mangle]
+///
+/// # Safety
+/// Pointer arguments as CUPTI documents them: valid for the accesses the call makes.
+pub unsafe extern "C" fn cuptiActivityGetNextRecord(
+    buffer: *mut u8,
+    valid: usize,
+    record: *mut *mut u8,
+) -> CuptiResult {
+    if buffer.is_null() || record.is_null() {
+        return result::INVALID_PARAMETER;
+    }
+    let next = if (*record).is_null() {
+        buffer
+    } else {
+        let k = ((*record) as *const u32).read_unaligned();
+        (*record).add(encode::record_len(k))
+    };
+    if next.offset_from(buffer) as usize + 4 > valid {
+        return result::MAX_LIMIT_REACHED;
+    }
+    *record = next;
+    result::SUCCESS
+}
+
+/// `cuptiGetTimestamp`: CLOCK_REALTIME, CUPTI's default on Linux x86-64.
+#[no_mangle]
+///
+/// # Safety
+/// Pointer arguments as CUPTI documents them: valid for the accesses the call makes.
+pub unsafe extern "C" fn cuptiGetTimestamp(t: *mut u64) -> CuptiResult {
+    if t.is_null() {
+        return result::INVALID_PARAMETER;
+    }
+    *t = realtime_ns();
+    result::SUCCESS
+}
+
+/// `cuptiActivityGetNumDroppedRecords`: the stand-in never drops.
+#[no_mangle]
+///
+/// # Safety
+/// Pointer arguments as CUPTI documents them: valid for the accesses the call makes.
+pub unsafe extern "C" fn cuptiActivityGetNumDroppedRecords(
+    _context: *mut c_void,
+    _stream: u32,
+    dropped: *mut usize,
+) -> CuptiResult {
+    if dropped.is_null() {
+        return result::INVALID_PARAMETER;
+    }
+    *dropped = 0;
+    result::SUCCESS
+}
+
+/// `cuptiFinalize`: detaches CUPTI from the process (callbacks, kinds and subscriber gone).
+#[no_mangle]
+pub extern "C" fn cuptiFinalize() -> CuptiResult {
+    let mut s = state();
+    let held = s.held_by_other;
+    *s = State {
+        held_by_other: held,
+        correlation: s.correlation,
+        ..State::default()
+    };
+    result::SUCCESS
+}
+
+// ---- test hooks ----
+
+/// Another tool holds (1) or releases (0) the subscriber slot.
+#[no_mangle]
+pub extern "C" fn stallscope_standin_hold(held: i32) {
+    state().held_by_other = held != 0;
+}
+
+/// What CUPTI holds now: bit 0 a subscriber, bit 1 registered callbacks, bits 8.. the number
+/// of enabled kinds. 0 once a client has given everything back.
+#[no_mangle]
+pub extern "C" fn stallscope_standin_state() -> u64 {
+    let s = state();
+    u64::from(s.subscribed)
+        | u64::from(s.callbacks.is_some()) << 1
+        | u64::from(s.enabled.count_ones()) << 8
+}
+
+/// `cudaLaunchKernel` of `name` running `duration_ns` on `stream`; its correlation id.
+#[no_mangle]
+///
+/// # Safety
+/// Pointer arguments as CUPTI documents them: valid for the accesses the call makes.
+pub unsafe extern "C" fn stallscope_standin_launch(
+    name: *const c_char,
+    duration_ns: u64,
+    stream: u32,
+) -> u32 {
+    let t0 = realtime_ns();
+    let name = if name.is_null() {
+        c"kernel"
+    } else {
+        CStr::from_ptr(name)
+    };
+    let mut done = Vec::new();
+    let mut s = state();
+    let corr = s.next_correlation();
+    s.api(CBID_LAUNCH_KERNEL, t0, corr, &mut done);
+    let (start, end) = s.enqueue(stream, realtime_ns(), duration_ns);
+    if s.on(kind::CONCURRENT_KERNEL) || s.on(kind::KERNEL) {
+        let k = Kernel {
+            start,
+            end,
+            device_id: 0,
+            context_id: 1,
+            stream_id: stream,
+            correlation_id: corr,
+            grid: [108, 1, 1],
+            block: [256, 1, 1],
+            registers_per_thread: 32,
+            name_ptr: intern(name) as u64,
+            ..Kernel::default()
+        };
+        s.pending.push_back((end, Activity::Kernel(k)));
+    }
+    drop(s);
+    deliver(done);
+    corr
+}
+
+/// `cudaMemcpyAsync` host to device of `bytes` taking `duration_ns` on `stream`.
+#[no_mangle]
+pub extern "C" fn stallscope_standin_memcpy(bytes: u64, duration_ns: u64, stream: u32) -> u32 {
+    let t0 = realtime_ns();
+    let mut done = Vec::new();
+    let mut s = state();
+    let corr = s.next_correlation();
+    s.api(CBID_MEMCPY_ASYNC, t0, corr, &mut done);
+    let (start, end) = s.enqueue(stream, realtime_ns(), duration_ns);
+    if s.on(kind::MEMCPY) {
+        let m = Memcpy {
+            copy_kind: 1,
+            src_kind: 2,
+            dst_kind: 3,
+            bytes,
+            start,
+            end,
+            device_id: 0,
+            context_id: 1,
+            stream_id: stream,
+            correlation_id: corr,
+        };
+        s.pending.push_back((end, Activity::Memcpy(m)));
+    }
+    drop(s);
+    deliver(done);
+    corr
+}
+
+/// `cudaStreamSynchronize(stream)`: really waits until the simulated stream drains.
+#[no_mangle]
+pub extern "C" fn stallscope_standin_synchronize(stream: u32) {
+    let t0 = realtime_ns();
+    let until = state().busy_until.get(&stream).copied().unwrap_or(0);
+    let now = realtime_ns();
+    if until > now {
+        std::thread::sleep(std::time::Duration::from_nanos(until - now));
+    }
+    let mut done = Vec::new();
+    let mut s = state();
+    let corr = s.next_correlation();
+    s.api(CBID_STREAM_SYNCHRONIZE, t0, corr, &mut done);
+    if s.on(kind::SYNCHRONIZATION) {
+        let a = Activity::Synchronization(Synchronization {
+            sync_type: 3,
+            start: t0,
+            end: realtime_ns(),
+            correlation_id: corr,
+            context_id: 1,
+            stream_id: stream,
+            cuda_event_id: u32::MAX,
+        });
+        s.append(&a, &mut done);
+    }
+    drop(s);
+    deliver(done);
+}

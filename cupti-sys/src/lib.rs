@@ -1,0 +1,139 @@
+//! Hand-written minimal CUPTI FFI for stallscope's GPU plane.
+//!
+//! No NVIDIA header is used or shipped: the few entry points the agent calls are declared here
+//! by hand and resolved with `dlopen` at run time ([`library`]), result codes and activity kinds
+//! are plain integers ([`result`], [`kind`]), and activity records are decoded from their
+//! documented byte offsets ([`record`]). The offsets read are the same in CUPTI 12.9, 13.0 and
+//! 13.x (Kernel9/10/13, Memcpy6/7, Memset4/5, API, Synchronization2, ExternalCorrelation);
+//! `tests/layout.rs` checks them against the headers of the `nvidia-cuda-cupti` wheels when
+//! those can be downloaded. [`channel`] is the shared-memory format between the injected agent
+//! and the daemon.
+
+pub mod channel;
+pub mod library;
+pub mod record;
+pub mod result;
+
+/// Activity kinds (`CUpti_ActivityKind`) the agent enables, as plain integers: a kind this
+/// crate does not know is carried as a number, never transmuted into an enum.
+pub mod kind {
+    /// `CUPTI_ACTIVITY_KIND_MEMCPY`.
+    pub const MEMCPY: u32 = 1;
+    /// `CUPTI_ACTIVITY_KIND_MEMSET`.
+    pub const MEMSET: u32 = 2;
+    /// `CUPTI_ACTIVITY_KIND_KERNEL` (serialised kernels).
+    pub const KERNEL: u32 = 3;
+    /// `CUPTI_ACTIVITY_KIND_DRIVER` (driver API calls).
+    pub const DRIVER: u32 = 4;
+    /// `CUPTI_ACTIVITY_KIND_RUNTIME` (runtime API calls).
+    pub const RUNTIME: u32 = 5;
+    /// `CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL`.
+    pub const CONCURRENT_KERNEL: u32 = 10;
+    /// `CUPTI_ACTIVITY_KIND_SYNCHRONIZATION`.
+    pub const SYNCHRONIZATION: u32 = 38;
+    /// `CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION`.
+    pub const EXTERNAL_CORRELATION: u32 = 39;
+}
+
+/// `cuptiActivityFlushAll` flag that also flushes records of activities still in flight.
+pub const FLUSH_FORCED: u32 = 1;
+
+/// `CUpti_ActivityMemcpyKind` values worth naming in a trace.
+pub fn memcpy_kind_name(k: u8) -> &'static str {
+    match k {
+        1 => "HtoD",
+        2 => "DtoH",
+        3 => "HtoA",
+        4 => "AtoH",
+        5 => "AtoA",
+        6 => "AtoD",
+        7 => "DtoA",
+        8 => "DtoD",
+        9 => "HtoH",
+        10 => "PtoP",
+        _ => "memcpy",
+    }
+}
+
+/// `CUpti_ActivitySynchronizationType` values.
+pub fn synchronization_name(t: u32) -> &'static str {
+    match t {
+        1 => "cudaEventSynchronize",
+        2 => "cudaStreamWaitEvent",
+        3 => "cudaStreamSynchronize",
+        4 => "cudaDeviceSynchronize",
+        _ => "synchronization",
+    }
+}
+
+/// Runtime API functions named in traces, by callback id (`CUpti_runtime_api_trace_cbid`).
+pub const RUNTIME_API: [(u32, &str); 17] = [
+    (20, "cudaMalloc"),
+    (22, "cudaFree"),
+    (27, "cudaHostAlloc"),
+    (31, "cudaMemcpy"),
+    (41, "cudaMemcpyAsync"),
+    (44, "cudaMemcpy2DAsync"),
+    (51, "cudaMemsetAsync"),
+    (131, "cudaStreamSynchronize"),
+    (135, "cudaEventRecord"),
+    (137, "cudaEventSynchronize"),
+    (138, "cudaEventQuery"),
+    (147, "cudaStreamWaitEvent"),
+    (165, "cudaDeviceSynchronize"),
+    (211, "cudaLaunchKernel"),
+    (311, "cudaGraphLaunch"),
+    (317, "cudaStreamIsCapturing"),
+    (430, "cudaLaunchKernelExC"),
+];
+
+/// Driver API functions named in traces, by callback id (`CUpti_driver_api_trace_cbid`).
+pub const DRIVER_API: [(u32, &str); 15] = [
+    (17, "cuCtxSynchronize"),
+    (119, "cuEventRecord"),
+    (121, "cuEventSynchronize"),
+    (126, "cuStreamSynchronize"),
+    (216, "cuMemsetD8Async"),
+    (220, "cuMemsetD32Async"),
+    (243, "cuMemAlloc_v2"),
+    (245, "cuMemFree_v2"),
+    (277, "cuMemcpyHtoDAsync_v2"),
+    (279, "cuMemcpyDtoHAsync_v2"),
+    (295, "cuStreamWaitEvent"),
+    (306, "cuMemcpyAsync"),
+    (307, "cuLaunchKernel"),
+    (514, "cuGraphLaunch"),
+    (652, "cuLaunchKernelEx"),
+];
+
+/// The name of an API call for a trace: the function when known, else the domain and id.
+pub fn api_name(domain: record::ApiDomain, cbid: u32) -> std::borrow::Cow<'static, str> {
+    let (table, prefix): (&[(u32, &str)], &str) = match domain {
+        record::ApiDomain::Runtime => (&RUNTIME_API, "cuda runtime"),
+        record::ApiDomain::Driver => (&DRIVER_API, "cuda driver"),
+    };
+    match table.binary_search_by_key(&cbid, |(id, _)| *id) {
+        Ok(i) => table[i].1.into(),
+        Err(_) => format!("{prefix} #{cbid}").into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_names_come_from_sorted_tables() {
+        assert!(RUNTIME_API.windows(2).all(|w| w[0].0 < w[1].0));
+        assert!(DRIVER_API.windows(2).all(|w| w[0].0 < w[1].0));
+        assert_eq!(
+            api_name(record::ApiDomain::Runtime, 211),
+            "cudaLaunchKernel"
+        );
+        assert_eq!(api_name(record::ApiDomain::Driver, 307), "cuLaunchKernel");
+        assert_eq!(
+            api_name(record::ApiDomain::Driver, 9999),
+            "cuda driver #9999"
+        );
+    }
+}

@@ -1,0 +1,332 @@
+//! The GPU plane: loads the CUPTI agent (`libstallscope_cupti_agent.so`) into a live Python
+//! engine, reads its shared-memory channel, puts GPU time on CLOCK_MONOTONIC, and detaches
+//! leaving nothing behind.
+//!
+//! Attach: the channel file is created in the target's `/dev/shm`, a copy of the agent in its
+//! `/tmp`; `ctypes.CDLL` loads it at a Python safe point (the main thread, holding the GIL,
+//! never a thread that may hold a lock); the agent reports RUNNING or FAILED with a reason.
+//! Both files are unlinked once mapped. Detach: the agent is told to stop, gives CUPTI back
+//! (disable, flush, unsubscribe, finalize), its thread ends, and the library is unloaded with
+//! `dlclose`. If stallscope dies instead, the agent detaches itself after 30 s of silence.
+
+pub mod clock;
+pub mod cmd;
+pub mod nvml;
+pub mod summary;
+pub mod trace;
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use cupti_sys::channel::{self, control, state, Channel, Event, Names};
+use memmap2::MmapMut;
+
+use crate::clock::monotonic_ns;
+
+/// Ring slots (64 B each): 16 MiB, about a second of a busy decode loop's records.
+const SLOTS: usize = 1 << 18;
+/// Longest wait for the agent to start or stop.
+const AGENT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Longest wait for a Python safe point.
+const SAFE_POINT: Duration = Duration::from_secs(10);
+/// File name of the agent library next to the stallscope executable.
+pub const AGENT_FILE: &str = "libstallscope_cupti_agent.so";
+
+/// The agent library: `STALLSCOPE_GPU_AGENT`, else next to the running executable.
+pub fn agent_library() -> Result<PathBuf> {
+    let p = match std::env::var_os("STALLSCOPE_GPU_AGENT") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::current_exe()?
+            .parent()
+            .context("the executable has no directory")?
+            .join(AGENT_FILE),
+    };
+    if !p.is_file() {
+        bail!(
+            "the GPU agent library {} is missing: build it with `cargo build --release` (it sits next to the stallscope binary) or point STALLSCOPE_GPU_AGENT at it",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// A GPU event with its times on CLOCK_MONOTONIC, and kernel names resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuEvent {
+    /// The event (its `start`/`end` already converted).
+    pub event: Event,
+    /// The kernel's name, for kernels.
+    pub name: Option<String>,
+}
+
+/// An attached agent.
+pub struct GpuPlane {
+    pid: u32,
+    channel: Channel,
+    _map: MmapMut,
+    agent_path: String,
+    names: Names,
+    clock: clock::ClockMap,
+    waiting: Vec<Event>,
+    detached: bool,
+}
+
+fn target_path(pid: u32, inside: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/root{inside}"))
+}
+
+/// Whether the library at `inside` (a path in the target) is mapped in `pid`.
+pub fn is_mapped(pid: u32, inside: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map(|m| m.lines().any(|l| l.contains(inside)))
+        .unwrap_or(false)
+}
+
+impl GpuPlane {
+    /// Loads the agent into `pid` and waits until it traces (or says why it cannot).
+    pub fn attach(pid: u32, agent: &Path) -> Result<GpuPlane> {
+        crate::procfs::require_target(pid)?;
+        pyframe_tracer::python::find(pid as i32).map_err(|e| {
+            anyhow::anyhow!("{e} (the GPU agent is loaded through the Python plane)")
+        })?;
+        let shm_inside = format!("/dev/shm/{}", channel::file_name(pid));
+        let shm = target_path(pid, &shm_inside);
+        if shm.exists() {
+            bail!(
+                "process {pid} already has a GPU agent channel ({}): another stallscope is attached, or one was killed less than 30 s ago; detach it or remove the file",
+                shm.display()
+            );
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&shm)
+            .with_context(|| format!("cannot create the GPU channel {}", shm.display()))?;
+        let cleanup = |e: anyhow::Error| {
+            let _ = std::fs::remove_file(&shm);
+            e
+        };
+        file.set_len(channel::file_len(SLOTS) as u64)
+            .map_err(|e| cleanup(e.into()))?;
+        // SAFETY: a file we just created, mapped shared; only the agent maps it besides us.
+        let mut map = unsafe { MmapMut::map_mut(&file) }.map_err(|e| cleanup(e.into()))?;
+        // SAFETY: the mapping is file_len(SLOTS) bytes and lives in the GpuPlane with the channel.
+        let channel = unsafe { Channel::init(map.as_mut_ptr(), SLOTS) };
+        channel.beat(monotonic_ns());
+        let agent_path = format!("/tmp/stallscope-gpu-agent-{pid}.so");
+        std::fs::copy(agent, target_path(pid, &agent_path))
+            .with_context(|| format!("cannot copy the GPU agent into process {pid}'s /tmp"))
+            .map_err(cleanup)?;
+        let mut plane = GpuPlane {
+            pid,
+            channel,
+            _map: map,
+            agent_path,
+            names: Names::default(),
+            clock: clock::ClockMap::default(),
+            waiting: Vec::new(),
+            detached: false,
+        };
+        let started = plane.start();
+        let _ = std::fs::remove_file(&shm);
+        let _ = std::fs::remove_file(target_path(pid, &plane.agent_path));
+        match started {
+            Ok(()) => Ok(plane),
+            Err(e) => {
+                plane.unload();
+                plane.detached = true;
+                Err(e)
+            }
+        }
+    }
+
+    fn start(&mut self) -> Result<()> {
+        // A first load starts the agent from its constructor. A library still loaded from an
+        // earlier attach is started explicitly; if its agent is still tracing, someone else
+        // holds it.
+        let source = format!(
+            "import ctypes, os, _ctypes\n\
+             P = {:?}\n\
+             try:\n    h = ctypes.CDLL(P, mode=os.RTLD_NOLOAD | os.RTLD_NOW)\n\
+             except OSError:\n    ctypes.CDLL(P)\n\
+             else:\n    started = h.stallscope_gpu_agent_start()\n    _ctypes.dlclose(h._handle)\n    \
+             if not started:\n        raise RuntimeError('a GPU agent already traces this process (another stallscope?)')\n",
+            self.agent_path
+        );
+        pyframe_tracer::inject::run_source(self.pid as i32, &source, SAFE_POINT)
+            .with_context(|| format!("cannot load the GPU agent into process {}", self.pid))?;
+        let t = Instant::now();
+        loop {
+            match self.channel.state() {
+                state::RUNNING => return Ok(()),
+                state::FAILED | state::DETACHED => bail!(
+                    "no GPU plane for process {}: {}",
+                    self.pid,
+                    self.channel.error()
+                ),
+                _ if t.elapsed() > AGENT_TIMEOUT => {
+                    self.channel.set_control(control::DETACH);
+                    bail!(
+                        "the GPU agent in process {} did not start within {AGENT_TIMEOUT:?}",
+                        self.pid
+                    )
+                }
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    /// The target.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Events lost to a full channel, and records CUPTI dropped.
+    pub fn losses(&self) -> (u64, u64) {
+        (self.channel.lost(), self.channel.cupti_dropped())
+    }
+
+    /// The CUPTI version the agent found.
+    pub fn cupti_version(&self) -> u32 {
+        self.channel.cupti_version()
+    }
+
+    /// The CUPTI→monotonic mapping so far.
+    pub fn clock(&self) -> &clock::ClockMap {
+        &self.clock
+    }
+
+    /// Whether the agent still traces (it stops by itself when CUPTI fails).
+    pub fn running(&self) -> bool {
+        self.channel.state() == state::RUNNING
+    }
+
+    /// Beats the heartbeat and moves new events (on CLOCK_MONOTONIC) into `out`.
+    pub fn poll(&mut self, out: &mut Vec<GpuEvent>) {
+        self.channel.beat(monotonic_ns());
+        let mut raw = std::mem::take(&mut self.waiting);
+        self.channel.drain(&mut raw);
+        for e in raw {
+            match e {
+                Event::NameChunk {
+                    id,
+                    offset,
+                    total,
+                    len,
+                    bytes,
+                } => {
+                    self.names.feed(id, offset, total, &bytes[..len as usize]);
+                }
+                Event::Clock {
+                    cupti_ns,
+                    mono_before_ns,
+                    mono_after_ns,
+                } => self.clock.add(clock::Sample {
+                    cupti_ns,
+                    mono_before_ns,
+                    mono_after_ns,
+                }),
+                other if !self.clock.ready() => self.waiting.push(other),
+                other => {
+                    let name = match other {
+                        Event::Kernel { name_id, .. } => {
+                            self.names.get(name_id).map(str::to_string)
+                        }
+                        _ => None,
+                    };
+                    out.push(GpuEvent {
+                        event: self.convert(other),
+                        name,
+                    });
+                }
+            }
+        }
+    }
+
+    fn convert(&self, mut e: Event) -> Event {
+        let c = |t: &mut u64| *t = self.clock.to_monotonic(*t).unwrap_or(*t);
+        match &mut e {
+            Event::Kernel { start, end, .. } => {
+                c(start);
+                c(end);
+            }
+            Event::Memcpy(m) => {
+                c(&mut m.start);
+                c(&mut m.end);
+            }
+            Event::Memset(m) => {
+                c(&mut m.start);
+                c(&mut m.end);
+            }
+            Event::Api(a) => {
+                c(&mut a.start);
+                c(&mut a.end);
+            }
+            Event::Synchronization(s) => {
+                c(&mut s.start);
+                c(&mut s.end);
+            }
+            _ => {}
+        }
+        e
+    }
+
+    /// Stops the agent (CUPTI given back), unloads it, and collects the last events into
+    /// `out`. Whether the library is gone from the target's memory.
+    pub fn detach(mut self, out: &mut Vec<GpuEvent>) -> Result<bool> {
+        self.detached = true;
+        self.channel.set_control(control::DETACH);
+        let t = Instant::now();
+        while self.channel.state() == state::RUNNING && t.elapsed() < AGENT_TIMEOUT {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.poll(out);
+        if self.channel.state() == state::RUNNING {
+            bail!(
+                "the GPU agent in process {} did not stop within {AGENT_TIMEOUT:?}; it stops by itself 30 s after stallscope goes away",
+                self.pid
+            );
+        }
+        Ok(self.unload())
+    }
+
+    /// Waits for the agent thread to end, then unloads the library; whether it is gone.
+    fn unload(&self) -> bool {
+        let tid = self.channel.agent_tid();
+        let t = Instant::now();
+        while tid != 0
+            && Path::new(&format!("/proc/{}/task/{tid}", self.pid)).exists()
+            && t.elapsed() < AGENT_TIMEOUT
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // One reference from the load, one from the RTLD_NOLOAD lookup.
+        let source = format!(
+            "import ctypes, os, _ctypes\n_h = ctypes.CDLL({:?}, mode=os.RTLD_NOLOAD | os.RTLD_NOW)._handle\n_ctypes.dlclose(_h)\n_ctypes.dlclose(_h)\n",
+            self.agent_path
+        );
+        if is_mapped(self.pid, &self.agent_path) {
+            if let Err(e) = pyframe_tracer::inject::run_source(self.pid as i32, &source, SAFE_POINT)
+            {
+                log::warn!(
+                    "the GPU agent stays loaded in process {} (idle): {e:#}",
+                    self.pid
+                );
+            }
+        }
+        !is_mapped(self.pid, &self.agent_path)
+    }
+}
+
+impl Drop for GpuPlane {
+    fn drop(&mut self) {
+        if !self.detached {
+            // Not detached explicitly (an error path): at least stop tracing.
+            self.channel.set_control(control::DETACH);
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! The GPU plane against a live Python process whose CUDA is the stand-in libcupti.so.13
+//! (CI has no GPU; `cargo xtask gpu-check` is the real-GPU counterpart): the agent is loaded
+//! at a safe point, CUPTI records come through the channel joined to their launching calls,
+//! CUPTI's clock lands on CLOCK_MONOTONIC within the target's own stamps, and detaching gives
+//! CUPTI back and unloads the agent. Plus the clear failures: a held subscriber slot, no
+//! libcupti, not a Python process.
+
+use std::{
+    collections::HashMap,
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+mod common;
+use common::{expect_failure, python, require_root, stallscope, tmpdir, Proc};
+
+/// The stand-in, copied under CUPTI 13's file name.
+fn standin(dir: &Path) -> PathBuf {
+    let built = std::env::var_os("STALLSCOPE_CUPTI_STANDIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/libcupti_standin.so")
+        });
+    assert!(
+        built.exists(),
+        "{} is missing: run `cargo xtask test`",
+        built.display()
+    );
+    let lib = dir.join("libcupti.so.13");
+    std::fs::copy(&built, &lib).unwrap();
+    lib
+}
+
+/// The GPU loop and what it prints.
+struct Target {
+    proc: Proc,
+    launches: Arc<Mutex<HashMap<u32, (u64, u64)>>>,
+    states: Arc<Mutex<Vec<u64>>>,
+}
+
+impl Target {
+    fn start(name: &str, held: bool) -> Target {
+        let dir = tmpdir(name);
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/gpu_loop.py");
+        let mut cmd = Command::new(python("3.12"));
+        cmd.arg(script).arg(standin(&dir)).stdout(Stdio::piped());
+        if held {
+            cmd.arg("held");
+        }
+        let mut proc = Proc::spawn(&mut cmd);
+        let mut out = BufReader::new(proc.0.stdout.take().unwrap());
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        assert_eq!(first.trim(), "ready");
+        let launches = Arc::new(Mutex::new(HashMap::new()));
+        let states = Arc::new(Mutex::new(Vec::new()));
+        let (l, s) = (launches.clone(), states.clone());
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                match f[..] {
+                    ["launch", c, t0, t1] => match (c.parse(), t0.parse(), t1.parse()) {
+                        (Ok(c), Ok(t0), Ok(t1)) => {
+                            l.lock().unwrap().insert(c, (t0, t1));
+                        }
+                        _ => eprintln!("gpu_loop printed {line:?}"),
+                    },
+                    ["state", v] => s.lock().unwrap().push(v.parse().unwrap()),
+                    _ => eprintln!("gpu_loop printed {line:?}"),
+                }
+            }
+        });
+        Target {
+            proc,
+            launches,
+            states,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.proc.0.id()
+    }
+
+    /// The CUPTI state the target reports after `wait`.
+    fn state_after(&self, wait: Duration) -> u64 {
+        let n = self.states.lock().unwrap().len();
+        std::thread::sleep(wait);
+        let s = self.states.lock().unwrap();
+        assert!(s.len() > n, "the target stopped stepping");
+        *s.last().unwrap()
+    }
+
+    fn maps(&self) -> String {
+        std::fs::read_to_string(format!("/proc/{}/maps", self.pid())).unwrap()
+    }
+}
+
+fn gpu(pid: u32, extra: &[&str]) -> std::process::Output {
+    stallscope()
+        .args([
+            "gpu",
+            "--pid",
+            &pid.to_string(),
+            "--duration",
+            "2s",
+            "--json",
+        ])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+fn nothing_left(t: &Target) {
+    let pid = t.pid();
+    assert!(
+        !t.maps().contains("stallscope-gpu-agent"),
+        "the agent is still mapped"
+    );
+    assert!(!Path::new(&format!("/dev/shm/stallscope-gpu-{pid}")).exists());
+    assert!(!Path::new(&format!("/tmp/stallscope-gpu-agent-{pid}.so")).exists());
+}
+
+#[test]
+fn traces_a_live_process_and_gives_everything_back() {
+    require_root();
+    let t = Target::start("gpu-trace", false);
+    assert_eq!(
+        t.state_after(Duration::from_millis(200)),
+        0,
+        "CUPTI idle before attach"
+    );
+    let dir = tmpdir("gpu-trace-out");
+    let trace = dir.join("gpu.pftrace");
+    let out = gpu(t.pid(), &["-o", trace.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &r["summary"];
+    // ~2 s of 2.4 ms steps: hundreds of each.
+    assert!(s["kernels"].as_u64().unwrap() > 200, "{r}");
+    assert!(s["memcpys"].as_u64().unwrap() > 100, "{r}");
+    assert!(s["synchronizations"].as_u64().unwrap() > 100, "{r}");
+    assert_eq!(s["correlated_pct"], 100.0, "{r}");
+    let latency = s["launch_to_start_us"]["p50"].as_f64().unwrap();
+    assert!(
+        (4.0..1000.0).contains(&latency),
+        "launch to start {latency} µs: {r}"
+    );
+    assert_eq!(
+        s["top_kernels"][0]["name"], "ampere_bf16_gemm_128x128",
+        "{r}"
+    );
+    assert!(r["clock"]["samples"].as_u64().unwrap() >= 2, "{r}");
+    assert_eq!(r["lost_events"], 0);
+    assert_eq!(r["cupti_version"], 130500);
+    assert_eq!(r["agent_unloaded"], true, "{r}");
+
+    // Detached: CUPTI holds nothing (no subscriber, callbacks or kinds), nothing is left in
+    // the process, and it keeps stepping.
+    assert_eq!(t.state_after(Duration::from_millis(300)), 0);
+    nothing_left(&t);
+
+    // The trace: kernels on the stream track, each the end of a flow from its launch call on
+    // the target's main thread, whose time lies within the target's own stamps of the call.
+    let d = perfetto_writer::read::decode(&std::fs::read(&trace).unwrap()).unwrap();
+    let stream = d
+        .tracks_named("GPU 0 stream 7")
+        .next()
+        .expect("a stream track")
+        .uuid;
+    let api_track = d
+        .tracks_named("CUDA API")
+        .next()
+        .expect("an API track")
+        .uuid;
+    assert_eq!(d.thread_of(api_track), Some(t.pid()));
+    let kernels: Vec<_> = d
+        .slices
+        .iter()
+        .filter(|s| s.track == stream && !s.name.starts_with("HtoD"))
+        .collect();
+    let calls: HashMap<u64, &perfetto_writer::read::Slice> = d
+        .slices
+        .iter()
+        .filter(|s| s.track == api_track)
+        .flat_map(|s| s.flows.iter().map(move |f| (*f, s)))
+        .collect();
+    assert!(kernels.len() > 200);
+    let launches = t.launches.lock().unwrap();
+    let mut worst_ns = 0u64;
+    for k in &kernels {
+        let call = calls
+            .get(&k.flows[0])
+            .expect("every kernel's flow starts at a call");
+        assert_eq!(call.name, "cudaLaunchKernel");
+        assert!(
+            k.start >= call.start,
+            "{k:?} starts before its launch {call:?}"
+        );
+        let corr = match k.args["correlation_id"] {
+            perfetto_writer::read::ArgValue::Int(c) => c as u32,
+            ref other => panic!("{other:?}"),
+        };
+        let (t0, t1) = launches[&corr];
+        let outside = t0
+            .saturating_sub(call.start)
+            .max(call.end.saturating_sub(t1));
+        worst_ns = worst_ns.max(outside);
+    }
+    eprintln!(
+        "{} kernels; their launch calls lie at most {worst_ns} ns outside the target's stamps",
+        kernels.len()
+    );
+    // The target's stamps bracket the call within microseconds; allow 100 µs.
+    assert!(
+        worst_ns < 100_000,
+        "a call lies {worst_ns} ns outside the target's own stamps"
+    );
+    // (The target blocks on its stdout while the reader waits for this lock.)
+    drop(launches);
+
+    // A second attach works the same way.
+    let again = gpu(t.pid(), &[]);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    nothing_left(&t);
+}
+
+#[test]
+fn a_held_subscriber_slot_is_reported_not_fought() {
+    require_root();
+    let t = Target::start("gpu-held", true);
+    let e = expect_failure(stallscope().args([
+        "gpu",
+        "--pid",
+        &t.pid().to_string(),
+        "--duration",
+        "1s",
+    ]));
+    assert!(
+        e.contains("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"),
+        "{e}"
+    );
+    assert!(e.contains("torch.profiler"), "{e}");
+    let last = e.trim().lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: no GPU plane for process"), "{e}");
+    assert_eq!(t.state_after(Duration::from_millis(200)), 0);
+    nothing_left(&t);
+}
+
+#[test]
+fn clear_errors_without_cupti_or_python() {
+    require_root();
+    // A Python process with no libcupti mapped and none on the library path.
+    let plain = Proc::spawn(
+        Command::new(python("3.12")).args(["-c", "import time\nwhile True: time.sleep(0.01)"]),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let e = expect_failure(stallscope().args(["gpu", "--pid", &plain.0.id().to_string()]));
+    assert!(e.contains("no libcupti"), "{e}");
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", plain.0.id())).unwrap();
+    assert!(!maps.contains("stallscope-gpu-agent"), "agent left mapped");
+    // Not Python.
+    let sleeper = Proc::spawn(Command::new("sleep").arg("30"));
+    let e = expect_failure(stallscope().args(["gpu", "--pid", &sleeper.0.id().to_string()]));
+    assert!(e.contains("not a Python process"), "{e}");
+    // No such process.
+    let e = expect_failure(stallscope().args(["gpu", "--pid", "999999999"]));
+    assert!(e.contains("no such process"), "{e}");
+}
