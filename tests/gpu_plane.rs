@@ -3,7 +3,7 @@
 //! at a safe point, CUPTI records come through the channel joined to their launching calls,
 //! CUPTI's clock lands on CLOCK_MONOTONIC within the target's own stamps, and detaching gives
 //! CUPTI back and unloads the agent. Plus the clear failures: a held subscriber slot, no
-//! libcupti, not a Python process.
+//! libcupti, not a Python process. A deep dive of such a process carries its GPU tracks.
 
 use std::{
     collections::HashMap,
@@ -15,7 +15,7 @@ use std::{
 };
 
 mod common;
-use common::{expect_failure, python, require_root, stallscope, tmpdir, Proc};
+use common::{expect_failure, python, python_check, require_root, stallscope, tmpdir, Proc};
 
 /// The stand-in, copied under CUPTI 13's file name.
 fn standin(dir: &Path) -> PathBuf {
@@ -232,6 +232,70 @@ fn traces_a_live_process_and_gives_everything_back() {
         "{}",
         String::from_utf8_lossy(&again.stderr)
     );
+    nothing_left(&t);
+}
+
+/// Kernel slices on the stream track, and whether each ends a flow that starts at a call on
+/// a CUDA API track of thread `tid`.
+fn kernels_joined_to_calls(d: &perfetto_writer::read::Decoded, tid: u32) -> (usize, bool) {
+    let stream = d
+        .tracks_named("GPU 0 stream 7")
+        .next()
+        .expect("a stream track")
+        .uuid;
+    let api: Vec<u64> = d
+        .tracks_named("CUDA API")
+        .filter(|t| d.thread_of(t.uuid) == Some(tid))
+        .map(|t| t.uuid)
+        .collect();
+    assert_eq!(api.len(), 1, "one CUDA API track under thread {tid}");
+    let call_flows: std::collections::HashSet<u64> = d
+        .slices
+        .iter()
+        .filter(|s| s.track == api[0])
+        .flat_map(|s| s.flows.iter().copied())
+        .collect();
+    let kernels: Vec<_> = d
+        .slices
+        .iter()
+        .filter(|s| s.track == stream && !s.name.starts_with("HtoD"))
+        .collect();
+    let joined = kernels
+        .iter()
+        .all(|k| k.flows.iter().any(|f| call_flows.contains(f)));
+    (kernels.len(), joined)
+}
+
+#[test]
+fn deep_dives_carry_the_gpu_tracks() {
+    require_root();
+    let t = Target::start("gpu-dive", false);
+    let dir = tmpdir("gpu-dive-out");
+    let trace = dir.join("dive.pftrace");
+    let out = stallscope()
+        .args([
+            "deep-dive",
+            "--pid",
+            &t.pid().to_string(),
+            "--duration",
+            "2s",
+            "-o",
+        ])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let d = perfetto_writer::read::decode(&std::fs::read(&trace).unwrap()).unwrap();
+    let (kernels, joined) = kernels_joined_to_calls(&d, t.pid());
+    assert!(kernels > 200, "{kernels} kernels in a 2 s deep dive");
+    assert!(joined, "a kernel without its launch call");
+    // PyPI perfetto's own protobuf classes read it too.
+    python_check(&trace);
+    assert_eq!(t.state_after(Duration::from_millis(300)), 0);
     nothing_left(&t);
 }
 

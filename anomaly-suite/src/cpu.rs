@@ -26,10 +26,12 @@ pub fn contention(p: &Params, stop: &AtomicBool) -> Result<String> {
     let deadline = Instant::now() + p.duration;
     let fifo = std::sync::atomic::AtomicUsize::new(0);
     threads(cpus.len(), deadline, stop, |i, deadline, stop| {
-        pin(cpus[i]);
+        // Real-time first: once pinned next to a busy engine, a SCHED_OTHER thread in its own
+        // autogroup can wait tens of seconds for the CPU time to make that call.
         if realtime() {
             fifo.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+        pin(cpus[i]);
         while Instant::now() < deadline && !stop.load(std::sync::atomic::Ordering::Relaxed) {
             let t = Instant::now();
             std::hint::black_box(spin_until((t + spin).min(deadline)));

@@ -48,6 +48,17 @@ pub struct Report {
     pub mechanism: String,
     /// How long the stress was held.
     pub held_ms: f64,
+    /// When the scenario started and ended (µs since the Unix epoch): the injection interval
+    /// an evaluation labels, without the process start and exit around it.
+    pub started_unix_us: f64,
+    /// See `started_unix_us`.
+    pub ended_unix_us: f64,
+}
+
+fn unix_us() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e6)
 }
 
 /// One scenario of the suite.
@@ -178,11 +189,14 @@ impl Scenario {
             }
         }
         let t = Instant::now();
+        let started_unix_us = unix_us();
         let mechanism = (self.run)(params, stop)?;
         Ok(Report {
             scenario: self.name.to_string(),
             mechanism,
             held_ms: t.elapsed().as_secs_f64() * 1e3,
+            started_unix_us,
+            ended_unix_us: unix_us(),
         })
     }
 }

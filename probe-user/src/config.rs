@@ -87,7 +87,7 @@ impl Default for DeepDiveConfig {
 }
 
 /// The probes a deep dive can turn on.
-pub const PROBES: [&str; 4] = ["kernel", "python", "stacks", "telemetry"];
+pub const PROBES: [&str; 5] = ["kernel", "python", "stacks", "telemetry", "gpu"];
 
 /// Longest deep-dive or reference window.
 pub const MAX_WINDOW: Duration = Duration::from_secs(120);

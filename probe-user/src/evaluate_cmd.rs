@@ -294,8 +294,8 @@ fn evaluate(
                 .deep_dives
                 .then(|| request_deep_dive(port, engine_pid))
                 .flatten();
-            let out = child.wait_with_output()?;
-            let inject_to_us = unix_us();
+            let out = wait_bounded(child, span + INJECT_GRACE)
+                .with_context(|| format!("{} (trial {trial})", s.name))?;
             if !out.status.success() {
                 bail!(
                     "{} (trial {trial}) failed: {}",
@@ -304,6 +304,9 @@ fn evaluate(
                 );
             }
             let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            // The injector's own start and end: the process start and exit are not injection.
+            let inject_from_us = report["started_unix_us"].as_f64().unwrap_or(inject_from_us);
+            let inject_to_us = report["ended_unix_us"].as_f64().unwrap_or_else(unix_us);
             std::thread::sleep(Duration::from_secs(4));
             let root_cause = dive.map(|id| deep_dive_category(port, id));
             let to_us = unix_us();
@@ -330,6 +333,25 @@ fn evaluate(
     drop(load);
     let stream = read_iterations(&state.join("iterations.csv"))?;
     write_outputs(&args.out, scenarios, &records, &stream, ucl, args)
+}
+
+/// Longest an injector may run past its planned span before the trial is given up.
+const INJECT_GRACE: Duration = Duration::from_secs(30);
+
+/// Waits for `child`; past `limit` it is stopped (SIGTERM: the injector undoes itself) and the
+/// trial fails.
+fn wait_bounded(mut child: Child, limit: Duration) -> Result<std::process::Output> {
+    let t = Instant::now();
+    while child.try_wait()?.is_none() {
+        if t.elapsed() > limit {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let _ = child.wait();
+            bail!("the injector was still running after {limit:?}; it was stopped");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(child.wait_with_output()?)
 }
 
 fn unix_us() -> f64 {

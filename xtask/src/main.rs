@@ -8,6 +8,7 @@ mod bench_deep_dive;
 mod bench_python;
 mod bench_sentinel;
 mod bench_trace;
+mod gpu_check;
 mod setup;
 mod vllm;
 
@@ -46,6 +47,9 @@ enum Task {
         #[arg(long, value_parser = ["kernel", "python", "sentinel", "trace", "deep-dive"])]
         only: Option<String>,
     },
+    /// The GPU plane on a real GPU (needs a driver and PyTorch; uses the built binaries):
+    /// counts, correlation join rate, clock alignment, throughput cost, traces.
+    GpuCheck,
     /// A real vLLM CPU server on loopback, the end-to-end target: `up`, `load`, `down`.
     Vllm {
         #[command(subcommand)]
@@ -96,6 +100,7 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        Task::GpuCheck => gpu_check::run(),
         Task::Vllm { cmd } => vllm::run(cmd),
     }
 }

@@ -1,6 +1,7 @@
 //! One deep-dive capture: raw kernel events of the target and its child processes, the
-//! Python plane with the profile's deep-dive functions, py-spy stack samples and host
-//! telemetry, bounded by an event budget. Everything carries CLOCK_MONOTONIC stamps.
+//! Python plane with the profile's deep-dive functions, py-spy stack samples, host
+//! telemetry, and the GPU plane in every process of the tree that has CUPTI loaded, bounded
+//! by an event budget. Everything carries CLOCK_MONOTONIC stamps.
 
 use std::{
     collections::BTreeMap,
@@ -22,6 +23,7 @@ use pyframe_tracer::{
 use super::Drainer;
 use crate::{
     clock,
+    gpu_plane::{self, GpuEvent, GpuPlane},
     kernel_plane::KernelPlane,
     procfs,
     python_plane::{Capture as PythonCapture, PythonReport, PythonRequest},
@@ -43,6 +45,8 @@ pub struct Options {
     pub kernel_events: bool,
     /// Kernel events kept at most; the rest are counted as dropped.
     pub max_events: usize,
+    /// Attach the GPU plane to the processes that have CUPTI loaded.
+    pub gpu: bool,
 }
 
 /// Where a capture's Python calls come from.
@@ -96,6 +100,8 @@ pub struct Collected {
     pub stack_errors: u64,
     /// Host telemetry.
     pub telemetry: Telemetry,
+    /// GPU activity per process (CLOCK_MONOTONIC).
+    pub gpu: BTreeMap<u32, Vec<GpuEvent>>,
     /// Processes captured: pid → name.
     pub processes: BTreeMap<u32, String>,
     /// Threads of those processes: tid → info.
@@ -159,6 +165,8 @@ pub struct Running {
     python: Option<PythonCapture>,
     stacks: Option<StackThread>,
     telemetry: Option<telemetry::Sampler>,
+    gpu: Vec<GpuPlane>,
+    gpu_events: BTreeMap<u32, Vec<GpuEvent>>,
     processes: BTreeMap<u32, String>,
     threads: BTreeMap<u32, ThreadInfo>,
     notes: Vec<String>,
@@ -250,6 +258,11 @@ impl Running {
         let stacks = (opts.sample_hz > 0.0)
             .then(|| start_stack_sampler(pid, opts.sample_hz, &mut notes))
             .flatten();
+        let gpu = if opts.gpu {
+            attach_gpu(pid, &mut notes)
+        } else {
+            Vec::new()
+        };
         let mut r = Running {
             opts,
             trigger_ns,
@@ -263,6 +276,8 @@ impl Running {
             python,
             stacks,
             telemetry,
+            gpu,
+            gpu_events: BTreeMap::new(),
             processes: BTreeMap::new(),
             threads: BTreeMap::new(),
             notes,
@@ -283,6 +298,9 @@ impl Running {
     pub fn poll(&mut self) {
         if let Some(p) = self.python.as_mut() {
             p.poll();
+        }
+        for g in &mut self.gpu {
+            g.poll(self.gpu_events.entry(g.pid()).or_default());
         }
         if self.tree_at.elapsed() >= TREE_RESCAN {
             self.scan_tree();
@@ -326,6 +344,24 @@ impl Running {
         }
         for p in std::mem::take(&mut self.added) {
             let _ = plane.unwatch(p);
+        }
+        for g in std::mem::take(&mut self.gpu) {
+            let pid = g.pid();
+            let (lost, dropped) = g.losses();
+            if lost + dropped > 0 {
+                self.notes.push(format!(
+                    "GPU plane of process {pid}: {lost} events lost (channel full), {dropped} dropped by CUPTI"
+                ));
+            }
+            match g.detach(self.gpu_events.entry(pid).or_default()) {
+                Ok(true) => {}
+                Ok(false) => self.notes.push(format!(
+                    "the GPU agent stays loaded (idle) in process {pid}"
+                )),
+                Err(e) => self
+                    .notes
+                    .push(format!("GPU plane of process {pid}: {e:#}")),
+            }
         }
         let target_gone = !procfs::process_exists(self.opts.pid);
         let python = match (self.python.take(), self.fed.take()) {
@@ -391,11 +427,41 @@ impl Running {
             stacks,
             stack_errors,
             telemetry,
+            gpu: std::mem::take(&mut self.gpu_events),
             processes: self.processes,
             threads: self.threads,
             notes: self.notes,
         })
     }
+}
+
+/// Attaches the GPU plane to every process of the tree that has libcupti mapped (CUDA
+/// processes); what could not be attached becomes a note.
+fn attach_gpu(pid: u32, notes: &mut Vec<String>) -> Vec<GpuPlane> {
+    let cuda: Vec<u32> = process_tree(pid)
+        .into_iter()
+        .filter(|p| gpu_plane::is_mapped(*p, "/libcupti.so"))
+        .collect();
+    if cuda.is_empty() {
+        notes.push("GPU plane off: no process of the engine has CUPTI loaded".into());
+        return Vec::new();
+    }
+    let agent = match gpu_plane::agent_library() {
+        Ok(a) => a,
+        Err(e) => {
+            notes.push(format!("GPU plane off: {e:#}"));
+            return Vec::new();
+        }
+    };
+    cuda.into_iter()
+        .filter_map(|p| match GpuPlane::attach(p, &agent) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                notes.push(format!("GPU plane off for process {p}: {e:#}"));
+                None
+            }
+        })
+        .collect()
 }
 
 type StackThread = (

@@ -54,6 +54,10 @@ pub struct DeepDiveArgs {
     /// Stop adding events to the trace past this many bytes (dropped events are counted).
     #[arg(long, default_value_t = 512 << 20)]
     pub max_bytes: u64,
+    /// Leave the GPU plane out (by default it attaches to every process of the engine that
+    /// has CUPTI loaded).
+    #[arg(long)]
+    pub no_gpu: bool,
 }
 
 /// Runs a deep dive and prints its summary.
@@ -88,6 +92,7 @@ pub async fn run(args: &DeepDiveArgs, paths: &KernelPaths) -> Result<()> {
         telemetry_hz: args.telemetry_hz,
         kernel_events: true,
         max_events: args.max_events,
+        gpu: !args.no_gpu,
     };
     let mut running = Running::start(opts, &mut plane)?;
     let (notes, split, interrupted) = hold(&mut running, args).await;

@@ -80,6 +80,7 @@ impl Job {
             },
             kernel_events: cfg.has("kernel"),
             max_events: cfg.max_events,
+            gpu: cfg.has("gpu"),
         };
         let running = Running::start(opts, plane)?;
         Ok(Job {

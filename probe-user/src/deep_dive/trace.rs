@@ -1,8 +1,9 @@
 //! Writes a capture as one Perfetto trace: a process track per captured process, a thread
 //! track per thread (its Python calls as nested slices, with their extracted arguments),
 //! child tracks with the thread's scheduler states, syscalls and py-spy samples, an
-//! iteration track, the capture windows, and a counter track per telemetry series. Every
-//! timestamp is CLOCK_MONOTONIC; the trace's clock snapshot converts it.
+//! iteration track, the capture windows, GPU stream and CUDA API tracks (the GPU plane's), and
+//! a counter track per telemetry series. Every timestamp is CLOCK_MONOTONIC; the trace's
+//! clock snapshot converts it.
 //!
 //! Writing stops adding events once the byte budget is spent (open slices are still
 //! closed); what was left out is counted and written into the trace's summary event.
@@ -223,8 +224,10 @@ pub fn write<W: Write>(
             }
         }
     }
+    let mut thread_tracks: BTreeMap<u32, Track> = BTreeMap::new();
     for (tid, info) in &c.threads {
         let thread = b.w.thread(info.pid, *tid, &info.comm)?;
+        thread_tracks.insert(*tid, thread);
         if let Some(calls) = calls_by_tid.get_mut(tid) {
             write_nested_calls(&mut b, thread, calls)?;
         }
@@ -247,6 +250,23 @@ pub fn write<W: Write>(
                 b.instant(t, *ts, top, &[Arg::new("stack", Value::Str(stack))])?;
             }
         }
+    }
+
+    // GPU streams and CUDA API calls (bounded by the window, not by the byte budget).
+    for (pid, events) in &c.gpu {
+        let process = match processes.get(pid) {
+            Some(t) => *t,
+            None => b.w.process(*pid, "cuda")?,
+        };
+        let mut thread = |w: &mut TraceWriter<W>, tid: u32| match thread_tracks.get(&tid) {
+            Some(t) => Ok(*t),
+            None => {
+                let t = w.thread(*pid, tid, &format!("thread {tid}"))?;
+                thread_tracks.insert(tid, t);
+                Ok(t)
+            }
+        };
+        crate::gpu_plane::trace::write(&mut b.w, process, &mut thread, events)?;
     }
 
     // Telemetry counters.
