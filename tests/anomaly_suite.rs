@@ -206,6 +206,34 @@ fn list_names_every_scenario() {
 }
 
 #[test]
+fn gpu_scenarios_refuse_clearly_without_a_gpu_or_permission() {
+    let list = common::expect_success(stallscope().args(["inject", "--list"]));
+    let list = String::from_utf8_lossy(&list);
+    for s in [
+        "gemm-contention",
+        "pcie-saturation",
+        "p2p-saturation",
+        "clock-lock",
+    ] {
+        assert!(list.contains(s), "{s} not listed");
+    }
+    // This machine has no CUDA device (CI never has one).
+    let e = common::expect_failure(stallscope().args([
+        "inject",
+        "gemm-contention",
+        "--duration",
+        "1s",
+    ]));
+    assert!(
+        e.contains("no CUDA GPU") && e.contains("GPU machine"),
+        "{e}"
+    );
+    // Clock locking never runs without the explicit flag.
+    let e = common::expect_failure(stallscope().args(["inject", "clock-lock", "--duration", "1s"]));
+    assert!(e.contains("--allow-device-settings"), "{e}");
+}
+
+#[test]
 fn cpu_contention_loads_its_cpus_until_the_deadline_or_sigterm() {
     require_root();
     let c = inject("cpu-contention", None, Some("0.9"), "2s", &["--cpus", "1"]);

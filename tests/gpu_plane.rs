@@ -3,7 +3,8 @@
 //! at a safe point, CUPTI records come through the channel joined to their launching calls,
 //! CUPTI's clock lands on CLOCK_MONOTONIC within the target's own stamps, and detaching gives
 //! CUPTI back and unloads the agent. Plus the clear failures: a held subscriber slot, no
-//! libcupti, not a Python process. A deep dive of such a process carries its GPU tracks.
+//! libcupti, not a Python process. A deep dive of such a process carries its GPU tracks, and
+//! the daemon's sentinel reports each iteration's GPU busy time and void share.
 
 use std::{
     collections::HashMap,
@@ -15,7 +16,10 @@ use std::{
 };
 
 mod common;
-use common::{expect_failure, python, python_check, require_root, stallscope, tmpdir, Proc};
+use common::{
+    expect_failure, free_port, http_get, python, python_check, require_root, stallscope, tmpdir,
+    Proc,
+};
 
 /// The stand-in, copied under CUPTI 13's file name.
 fn standin(dir: &Path) -> PathBuf {
@@ -169,35 +173,12 @@ fn traces_a_live_process_and_gives_everything_back() {
     // The trace: kernels on the stream track, each the end of a flow from its launch call on
     // the target's main thread, whose time lies within the target's own stamps of the call.
     let d = perfetto_writer::read::decode(&std::fs::read(&trace).unwrap()).unwrap();
-    let stream = d
-        .tracks_named("GPU 0 stream 7")
-        .next()
-        .expect("a stream track")
-        .uuid;
-    let api_track = d
-        .tracks_named("CUDA API")
-        .next()
-        .expect("an API track")
-        .uuid;
-    assert_eq!(d.thread_of(api_track), Some(t.pid()));
-    let kernels: Vec<_> = d
-        .slices
-        .iter()
-        .filter(|s| s.track == stream && !s.name.starts_with("HtoD"))
-        .collect();
-    let calls: HashMap<u64, &perfetto_writer::read::Slice> = d
-        .slices
-        .iter()
-        .filter(|s| s.track == api_track)
-        .flat_map(|s| s.flows.iter().map(move |f| (*f, s)))
-        .collect();
-    assert!(kernels.len() > 200);
+    let (kernels, pairs) = kernel_calls(&d, t.pid());
+    assert!(kernels > 200);
+    assert_eq!(pairs.len(), kernels, "every kernel's flow starts at a call");
     let launches = t.launches.lock().unwrap();
     let mut worst_ns = 0u64;
-    for k in &kernels {
-        let call = calls
-            .get(&k.flows[0])
-            .expect("every kernel's flow starts at a call");
+    for (k, call) in &pairs {
         assert_eq!(call.name, "cudaLaunchKernel");
         assert!(
             k.start >= call.start,
@@ -213,10 +194,7 @@ fn traces_a_live_process_and_gives_everything_back() {
             .max(call.end.saturating_sub(t1));
         worst_ns = worst_ns.max(outside);
     }
-    eprintln!(
-        "{} kernels; their launch calls lie at most {worst_ns} ns outside the target's stamps",
-        kernels.len()
-    );
+    eprintln!("{kernels} kernels; their launch calls lie at most {worst_ns} ns outside the target's stamps");
     // The target's stamps bracket the call within microseconds; allow 100 µs.
     assert!(
         worst_ns < 100_000,
@@ -235,9 +213,11 @@ fn traces_a_live_process_and_gives_everything_back() {
     nothing_left(&t);
 }
 
-/// Kernel slices on the stream track, and whether each ends a flow that starts at a call on
-/// a CUDA API track of thread `tid`.
-fn kernels_joined_to_calls(d: &perfetto_writer::read::Decoded, tid: u32) -> (usize, bool) {
+type Slice = perfetto_writer::read::Slice;
+
+/// The kernel slices on the stream track, and each (kernel, call) pair where the kernel ends a
+/// flow that starts at a call on the CUDA API track of thread `tid`.
+fn kernel_calls(d: &perfetto_writer::read::Decoded, tid: u32) -> (usize, Vec<(&Slice, &Slice)>) {
     let stream = d
         .tracks_named("GPU 0 stream 7")
         .next()
@@ -249,21 +229,22 @@ fn kernels_joined_to_calls(d: &perfetto_writer::read::Decoded, tid: u32) -> (usi
         .map(|t| t.uuid)
         .collect();
     assert_eq!(api.len(), 1, "one CUDA API track under thread {tid}");
-    let call_flows: std::collections::HashSet<u64> = d
+    let calls: HashMap<u64, &Slice> = d
         .slices
         .iter()
         .filter(|s| s.track == api[0])
-        .flat_map(|s| s.flows.iter().copied())
+        .flat_map(|s| s.flows.iter().map(move |f| (*f, s)))
         .collect();
-    let kernels: Vec<_> = d
+    let kernels: Vec<&Slice> = d
         .slices
         .iter()
         .filter(|s| s.track == stream && !s.name.starts_with("HtoD"))
         .collect();
-    let joined = kernels
+    let pairs = kernels
         .iter()
-        .all(|k| k.flows.iter().any(|f| call_flows.contains(f)));
-    (kernels.len(), joined)
+        .filter_map(|k| k.flows.iter().find_map(|f| calls.get(f)).map(|c| (*k, *c)))
+        .collect();
+    (kernels.len(), pairs)
 }
 
 #[test]
@@ -290,11 +271,104 @@ fn deep_dives_carry_the_gpu_tracks() {
         String::from_utf8_lossy(&out.stderr)
     );
     let d = perfetto_writer::read::decode(&std::fs::read(&trace).unwrap()).unwrap();
-    let (kernels, joined) = kernels_joined_to_calls(&d, t.pid());
+    let (kernels, pairs) = kernel_calls(&d, t.pid());
     assert!(kernels > 200, "{kernels} kernels in a 2 s deep dive");
-    assert!(joined, "a kernel without its launch call");
+    assert_eq!(pairs.len(), kernels, "a kernel without its launch call");
     // PyPI perfetto's own protobuf classes read it too.
     python_check(&trace);
+    assert_eq!(t.state_after(Duration::from_millis(300)), 0);
+    nothing_left(&t);
+}
+
+#[test]
+fn the_sentinel_measures_gpu_time_per_iteration() {
+    require_root();
+    let t = Target::start("gpu-sentinel", false);
+    let dir = tmpdir("gpu-sentinel-state");
+    let port = free_port();
+    let cfg = dir.join("config.toml");
+    // The embedded default, pointed at the loop (its `step` is the only watched function).
+    let mut text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../probe-user/config/default.toml"),
+    )
+    .unwrap();
+    for (from, to) in [
+        ("pids = []".to_string(), format!("pids = [{}]", t.pid())),
+        (
+            "process_patterns = [\"VLLM::EngineCore\", \"VLLM::Worker\", \"sglang::scheduler\"]"
+                .into(),
+            "process_patterns = []".into(),
+        ),
+        (
+            "engine_patterns = [\"VLLM::EngineCore\", \"sglang::scheduler\"]".into(),
+            "engine_patterns = []".into(),
+        ),
+        (
+            "framework = \"auto\"".into(),
+            "framework = \"generic\"".into(),
+        ),
+        ("watch = []".into(), "watch = [\"__main__:step\"]".into()),
+        ("on_alert = true".into(), "on_alert = false".into()),
+        (
+            "reference_every = \"10m\"".into(),
+            "reference_every = \"1000h\"".into(),
+        ),
+        (
+            "listen = \"127.0.0.1:9464\"".into(),
+            format!("listen = \"127.0.0.1:{port}\""),
+        ),
+        (
+            "dir = \"/var/lib/stallscope\"".into(),
+            format!("dir = \"{}\"", dir.display()),
+        ),
+    ] {
+        assert!(
+            text.contains(&from),
+            "the default configuration has no `{from}`"
+        );
+        text = text.replace(&from, &to);
+    }
+    std::fs::write(&cfg, text).unwrap();
+    let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
+    let mut daemon = Proc::spawn(stallscope().args(["run", "--config"]).arg(&cfg).stderr(log));
+    // The anchor is discovered over 10 s; GPU figures follow each iteration by 0.6 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let engine = loop {
+        let status: serde_json::Value = std::net::TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .map(|_| serde_json::from_str(&http_get(port, "/api/v1/status")).unwrap())
+            .unwrap_or_default();
+        let e = status["engines"][0].clone();
+        if e["gpu_iterations"].as_u64().unwrap_or(0) >= 200 {
+            break e;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no GPU figures after 60 s: {e}\n{}",
+            std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(
+        engine["gpu_plane"].as_str().unwrap().starts_with("on: "),
+        "{engine}"
+    );
+    // Each step launches 460 µs of GPU work and waits for it: the GPU is busy for most of it.
+    let void = engine["gpu_void_ratio"].as_f64().unwrap();
+    assert!((0.0..0.9).contains(&void), "void share {void}: {engine}");
+    let metrics = http_get(port, "/metrics");
+    for name in [
+        "stallscope_iteration_gpu_busy_seconds_count",
+        "stallscope_iteration_gpu_void_ratio_count",
+        "stallscope_gpu_launch_latency_seconds_count",
+    ] {
+        assert!(metrics.contains(name), "{name} missing");
+    }
+    // SIGTERM: the daemon detaches the agent too.
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
+    let status = daemon.0.wait().unwrap();
+    assert!(status.success(), "daemon exit {status:?}");
     assert_eq!(t.state_after(Duration::from_millis(300)), 0);
     nothing_left(&t);
 }

@@ -15,6 +15,7 @@ use serde::Serialize;
 
 pub mod cgroup;
 pub mod cpu;
+pub mod gpu;
 pub mod io;
 pub mod memory;
 pub mod network;
@@ -37,6 +38,8 @@ pub struct Params {
     pub port: Option<u16>,
     /// `MODULE:QUALNAME` of the function to slow (python-sync-stall).
     pub function: Option<String>,
+    /// Allow scenarios that change device settings (clock-lock).
+    pub allow_device_settings: bool,
 }
 
 /// What an injection did.
@@ -83,8 +86,7 @@ pub const MEMORY: &str = "memory pressure";
 /// Root-cause category of I/O contention.
 pub const IO: &str = "I/O contention";
 
-/// Every scenario. GPU scenarios (gemm-contention, pcie-saturation, p2p-saturation,
-/// clock-lock) are not built yet.
+/// Every scenario (the GPU ones need a GPU machine with PyTorch).
 pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "cpu-contention",
@@ -157,6 +159,38 @@ pub const SCENARIOS: &[Scenario] = &[
         cause: None,
         needs_pid: true,
         run: pause::pauses,
+    },
+    Scenario {
+        name: "gemm-contention",
+        stresses: "the GPU's SMs: a competing bf16 GEMM loop on cuda:0 (PyTorch; a GPU machine)",
+        intensity: "fraction of every 100 ms the loop runs",
+        cause: None,
+        needs_pid: false,
+        run: gpu::gemm_contention,
+    },
+    Scenario {
+        name: "pcie-saturation",
+        stresses: "the host link: pinned host<->device copies of 256 MiB (PyTorch; a GPU machine)",
+        intensity: "fraction of every 100 ms spent copying",
+        cause: None,
+        needs_pid: false,
+        run: gpu::pcie_saturation,
+    },
+    Scenario {
+        name: "p2p-saturation",
+        stresses: "the GPU-to-GPU link: cuda:0<->cuda:1 copies (PyTorch; two GPUs)",
+        intensity: "fraction of every 100 ms spent copying",
+        cause: None,
+        needs_pid: false,
+        run: gpu::p2p_saturation,
+    },
+    Scenario {
+        name: "clock-lock",
+        stresses: "GPU speed: locks GPU 0's graphics clock low with nvidia-smi (refused without --allow-device-settings)",
+        intensity: "fraction of the supported clock range taken away",
+        cause: None,
+        needs_pid: false,
+        run: gpu::clock_lock,
     },
 ];
 

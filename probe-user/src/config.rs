@@ -192,6 +192,14 @@ pub struct SentinelConfig {
     pub max_training_samples: usize,
     /// Model prefill and mixed iterations too.
     pub alert_on_prefill: bool,
+    /// Keep the GPU plane attached to engine processes with CUPTI loaded, for per-iteration
+    /// GPU busy time, launch latency and void share (absent: on).
+    #[serde(default = "on")]
+    pub gpu: bool,
+}
+
+fn on() -> bool {
+    true
 }
 
 impl SentinelConfig {

@@ -199,6 +199,7 @@ impl Daemon<'_> {
         if let Some(job) = &mut self.job {
             if let Some(e) = self.engines.get_mut(&job.pid) {
                 job.feed(e.drain_tap());
+                job.feed_gpu(e.drain_gpu_tap());
             }
             if job.poll() {
                 let job = self.job.take().expect("checked");
@@ -300,7 +301,8 @@ impl Daemon<'_> {
             return;
         };
         let source = engine.start_tap();
-        match Job::start(purpose, pid, source, &self.cfg.deep_dive, plane) {
+        let gpu_fed = self.cfg.deep_dive.has("gpu") && engine.start_gpu_tap();
+        match Job::start(purpose, pid, source, gpu_fed, &self.cfg.deep_dive, plane) {
             Ok(job) => {
                 match id {
                     Some(id) => info!("engine {pid}: deep dive {id} started"),

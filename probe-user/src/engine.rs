@@ -1,8 +1,9 @@
 //! One engine process under the sentinel: its Python probes, iteration assembly, baseline
-//! model (warm-up, fit off-thread, persistence per fingerprint) and alerts.
+//! model (warm-up, fit off-thread, persistence per fingerprint), alerts, and the GPU plane's
+//! per-iteration figures where the engine has CUPTI loaded.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, VecDeque},
     path::{Path, PathBuf},
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -25,6 +26,7 @@ use crate::{
     config::Config,
     deep_dive::capture::PythonSource,
     export::IterationCsv,
+    gpu_plane::{feed::GpuFeed, GpuEvent},
     iterations::Assembler,
     procfs,
     shared::{Alert, EngineStatus, Shared},
@@ -59,7 +61,17 @@ pub struct Engine {
     /// Calls kept for a capture in progress (None: not tapped).
     tap: Option<Vec<Call>>,
     status_at: Instant,
+    /// The GPU plane, when the engine has CUDA.
+    gpu: Option<GpuFeed>,
+    /// `on: ...` or `off: why`.
+    gpu_state: String,
+    gpu_iterations: u64,
+    /// Void shares of the latest iterations with GPU figures.
+    gpu_void: VecDeque<f64>,
 }
+
+/// Iterations the status's mean void share is taken over.
+const VOID_WINDOW: usize = 100;
 
 impl Engine {
     /// Attaches the Python plane to `pid` and loads the persisted model of its fingerprint.
@@ -122,7 +134,23 @@ impl Engine {
                 .as_ref()
                 .map_or("to be discovered", |a| a.anchor())
         );
+        let (gpu, gpu_state) = if !cfg.sentinel.gpu {
+            (None, "off: [sentinel] gpu = false".to_string())
+        } else {
+            match GpuFeed::attach(pid) {
+                Ok(g) => {
+                    let state = g.describe();
+                    info!("engine {pid}: GPU plane {state}");
+                    (Some(g), state)
+                }
+                Err(why) => (None, format!("off: {why}")),
+            }
+        };
         Ok(Engine {
+            gpu,
+            gpu_state,
+            gpu_iterations: 0,
+            gpu_void: VecDeque::with_capacity(VOID_WINDOW),
             pid,
             pid_label: pid.to_string(),
             framework,
@@ -174,13 +202,39 @@ impl Engine {
                 .inc_by(lost - self.lost_seen);
             self.lost_seen = lost;
         }
+        self.gpu_figures(shared);
         self.manage_fit();
         if self.status_at.elapsed() >= STATUS_PERIOD {
             self.publish_status(shared);
         }
     }
 
+    /// Polls the GPU plane and records the figures of iterations whose records have settled.
+    fn gpu_figures(&mut self, shared: &Shared) {
+        let Some(g) = self.gpu.as_mut() else {
+            return;
+        };
+        g.poll();
+        let m = &shared.metrics;
+        let pid = [self.pid_label.as_str()];
+        for f in g.settled(monotonic_ns()) {
+            self.gpu_iterations += 1;
+            m.gpu_busy.with_label_values(&pid).observe(f.busy_us / 1e6);
+            m.gpu_void.with_label_values(&pid).observe(f.void_ratio);
+            for l in &f.launch_us {
+                m.gpu_launch.with_label_values(&pid).observe(l / 1e6);
+            }
+            if self.gpu_void.len() == VOID_WINDOW {
+                self.gpu_void.pop_front();
+            }
+            self.gpu_void.push_back(f.void_ratio);
+        }
+    }
+
     fn handle(&mut self, it: &Iteration, shared: &Shared, export: &mut Option<IterationCsv>) {
+        if let Some(g) = self.gpu.as_mut() {
+            g.iteration(it.start_ns, it.end_ns);
+        }
         let m = &shared.metrics;
         let stage = it.stage.as_str();
         let labels = [self.pid_label.as_str(), stage];
@@ -275,9 +329,25 @@ impl Engine {
         self.tap.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    /// Stops keeping calls.
+    /// Stops keeping calls (and GPU events).
     pub fn stop_tap(&mut self) {
         self.tap = None;
+        if let Some(g) = self.gpu.as_mut() {
+            g.stop_tap();
+        }
+    }
+
+    /// Starts keeping GPU events for a capture; false when the engine has no GPU plane.
+    pub fn start_gpu_tap(&mut self) -> bool {
+        self.gpu.as_mut().map(GpuFeed::start_tap).is_some()
+    }
+
+    /// The GPU events kept since the last call, per process.
+    pub fn drain_gpu_tap(&mut self) -> BTreeMap<u32, Vec<GpuEvent>> {
+        self.gpu
+            .as_mut()
+            .map(GpuFeed::drain_tap)
+            .unwrap_or_default()
     }
 
     /// Picks the anchor once the discovery window is over.
@@ -403,6 +473,10 @@ impl Engine {
             iterations: self.counts.clone(),
             lost_records: self.lost_seen,
             anomaly_active: self.sentinel.alerting(),
+            gpu_plane: self.gpu_state.clone(),
+            gpu_iterations: self.gpu_iterations,
+            gpu_void_ratio: (!self.gpu_void.is_empty())
+                .then(|| self.gpu_void.iter().sum::<f64>() / self.gpu_void.len() as f64),
         };
         shared
             .engines
@@ -423,6 +497,11 @@ impl Engine {
             .forget_engine(&self.pid_label, &self.framework, threads);
         if !procfs::process_exists(self.pid) {
             return;
+        }
+        if let Some(g) = self.gpu {
+            for problem in g.detach() {
+                warn!("engine {}: GPU plane: {problem}", self.pid);
+            }
         }
         match self.session.detach() {
             Ok(_) => info!("engine {}: probes removed", self.pid),

@@ -34,6 +34,10 @@ pub struct InjectArgs {
     /// `MODULE:QUALNAME` to slow (python-sync-stall; default vLLM's Scheduler.schedule).
     #[arg(long)]
     pub function: Option<String>,
+    /// Allow scenarios that change device settings (clock-lock). Never on a lent or shared
+    /// machine.
+    #[arg(long)]
+    pub allow_device_settings: bool,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -46,7 +50,6 @@ pub fn run(args: &InjectArgs) -> Result<()> {
             println!("{:<22} {}", s.name, s.stresses);
             println!("{:<22} intensity: {}", "", s.intensity);
         }
-        println!("(GPU scenarios — gemm-contention, pcie-saturation, p2p-saturation, clock-lock — are not built yet)");
         return Ok(());
     }
     let name = args.scenario.as_deref().unwrap_or_default();
@@ -63,6 +66,7 @@ pub fn run(args: &InjectArgs) -> Result<()> {
         pid: args.pid,
         port: args.port,
         function: args.function.clone(),
+        allow_device_settings: args.allow_device_settings,
     };
     stop_flag::install(true);
     let report = scenario.run(&params, &stop_flag::STOP)?;

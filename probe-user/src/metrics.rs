@@ -39,6 +39,12 @@ pub struct Metrics {
     pub engines: IntGaugeVec,
     /// From a modelled iteration's end to its verdict (alert or not).
     pub verdict_latency: prometheus::Histogram,
+    /// GPU busy time inside each iteration (GPU plane).
+    pub gpu_busy: HistogramVec,
+    /// Share of each iteration in which the GPU ran nothing.
+    pub gpu_void: HistogramVec,
+    /// Kernel start minus its launching call's start.
+    pub gpu_launch: HistogramVec,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -92,6 +98,36 @@ impl Metrics {
                 )
                 .unwrap(),
             ),
+            gpu_busy: reg(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new("iteration_gpu_busy_seconds", "GPU busy time inside each iteration (union over streams)")
+                        .namespace("stallscope")
+                        .buckets(exponential_buckets(0.0001, 1.5, 24).unwrap()),
+                    &["pid"],
+                )
+                .unwrap(),
+            ),
+            gpu_void: reg(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new("iteration_gpu_void_ratio", "Share of each iteration in which the GPU ran nothing")
+                        .namespace("stallscope")
+                        .buckets(prometheus::linear_buckets(0.05, 0.05, 20).unwrap()),
+                    &["pid"],
+                )
+                .unwrap(),
+            ),
+            gpu_launch: reg(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new("gpu_launch_latency_seconds", "Kernel start minus the start of its launching API call")
+                        .namespace("stallscope")
+                        .buckets(exponential_buckets(1e-6, 2.0, 18).unwrap()),
+                    &["pid"],
+                )
+                .unwrap(),
+            ),
             registry,
         }
     }
@@ -140,6 +176,9 @@ impl Metrics {
         }
         let _ = self.alerts.remove_label_values(&[pid]);
         let _ = self.lost_records.remove_label_values(&[pid]);
+        for h in [&self.gpu_busy, &self.gpu_void, &self.gpu_launch] {
+            let _ = h.remove_label_values(&[pid]);
+        }
     }
 }
 

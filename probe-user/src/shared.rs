@@ -75,6 +75,12 @@ pub struct EngineStatus {
     pub lost_records: u64,
     /// Whether an alert is open.
     pub anomaly_active: bool,
+    /// The GPU plane: `on: <pid> (CUPTI <version>), ...` or `off: <why>`.
+    pub gpu_plane: String,
+    /// Iterations with GPU figures.
+    pub gpu_iterations: u64,
+    /// Mean void share of the last 100 iterations with GPU figures.
+    pub gpu_void_ratio: Option<f64>,
 }
 
 /// Shared between the sentinel thread and the HTTP server.

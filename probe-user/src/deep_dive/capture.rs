@@ -293,6 +293,14 @@ impl Running {
         }
     }
 
+    /// Takes GPU events of the engine's processes from an agent the caller holds (the
+    /// daemon's sentinel), for captures that do not attach their own.
+    pub fn feed_gpu(&mut self, events: BTreeMap<u32, Vec<GpuEvent>>) {
+        for (pid, e) in events {
+            self.gpu_events.entry(pid).or_default().extend(e);
+        }
+    }
+
     /// Moves Python records out of their ring and, every second, refreshes the process tree
     /// and thread names; call every few tens of ms.
     pub fn poll(&mut self) {

@@ -21,7 +21,10 @@ use super::{
     output::{self, Baseline},
     registry::{Phase, Request, SuspectBrief},
 };
-use crate::{clock, config::DeepDiveConfig, kernel_plane::KernelPlane, procfs, shared::Shared};
+use crate::{
+    clock, config::DeepDiveConfig, gpu_plane::GpuEvent, kernel_plane::KernelPlane, procfs,
+    shared::Shared,
+};
 
 /// The latest normal reference of each engine.
 pub type References = Arc<Mutex<BTreeMap<u32, Arc<Reference>>>>;
@@ -53,11 +56,13 @@ pub struct Job {
 
 impl Job {
     /// Starts capturing `pid`. `engine` describes the engine's attached probes (their calls
-    /// are handed over with [`Job::feed`]).
+    /// are handed over with [`Job::feed`]); with `gpu_fed`, the engine's GPU events come the
+    /// same way ([`Job::feed_gpu`]) instead of from an agent of the capture's own.
     pub fn start(
         purpose: Purpose,
         pid: u32,
         engine: PythonSource,
+        gpu_fed: bool,
         cfg: &DeepDiveConfig,
         plane: &mut KernelPlane,
     ) -> Result<Job> {
@@ -80,7 +85,7 @@ impl Job {
             },
             kernel_events: cfg.has("kernel"),
             max_events: cfg.max_events,
-            gpu: cfg.has("gpu"),
+            gpu: cfg.has("gpu") && !gpu_fed,
         };
         let running = Running::start(opts, plane)?;
         Ok(Job {
@@ -97,6 +102,11 @@ impl Job {
     /// Hands over the engine's calls.
     pub fn feed(&mut self, calls: Vec<Call>) {
         self.running.feed(calls);
+    }
+
+    /// Hands over the engine's GPU events.
+    pub fn feed_gpu(&mut self, events: BTreeMap<u32, Vec<GpuEvent>>) {
+        self.running.feed_gpu(events);
     }
 
     /// Adds a remark to the capture's notes.

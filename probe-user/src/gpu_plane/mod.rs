@@ -11,6 +11,7 @@
 
 pub mod clock;
 pub mod cmd;
+pub mod feed;
 pub mod nvml;
 pub mod summary;
 pub mod trace;

@@ -150,6 +150,70 @@ pub fn summarise(events: &[GpuEvent], from: u64, to: u64) -> Summary {
     }
 }
 
+/// The GPU inside one iteration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IterationGpu {
+    /// Time the GPU ran something for the engine inside the iteration (union over streams), µs.
+    pub busy_us: f64,
+    /// Share of the iteration in which the GPU ran nothing ("void", as XPUTimer defines it).
+    pub void_ratio: f64,
+    /// Kernels that started inside the iteration.
+    pub kernels: u64,
+    /// Start minus launching-call start of those kernels, µs.
+    pub launch_us: Vec<f64>,
+}
+
+/// What the GPU did during the iteration `[start, end]` (CLOCK_MONOTONIC ns), from `events`
+/// (API calls and GPU operations of the engine).
+pub fn iteration<'a>(
+    events: impl Iterator<Item = &'a GpuEvent> + Clone,
+    start: u64,
+    end: u64,
+) -> IterationGpu {
+    let api: HashMap<u32, u64> = events
+        .clone()
+        .filter_map(|e| match e.event {
+            Event::Api(a) => Some((a.correlation_id, a.start)),
+            _ => None,
+        })
+        .collect();
+    let mut spans = Vec::new();
+    let mut kernels = 0;
+    let mut launch_us = Vec::new();
+    for e in events {
+        let (s, t) = match e.event {
+            Event::Kernel {
+                start: s,
+                end: t,
+                correlation_id,
+                ..
+            } => {
+                if (start..end).contains(&s) {
+                    kernels += 1;
+                    if let Some(a) = api.get(&correlation_id) {
+                        launch_us.push(s.saturating_sub(*a) as f64 / 1e3);
+                    }
+                }
+                (s, t)
+            }
+            Event::Memcpy(m) => (m.start, m.end),
+            Event::Memset(m) => (m.start, m.end),
+            _ => continue,
+        };
+        if t > start && s < end {
+            spans.push((s.max(start), t.min(end)));
+        }
+    }
+    let busy = union_ns(&mut spans);
+    let length = end.saturating_sub(start).max(1);
+    IterationGpu {
+        busy_us: busy as f64 / 1e3,
+        void_ratio: 1.0 - busy as f64 / length as f64,
+        kernels,
+        launch_us,
+    }
+}
+
 /// Total length of the union of `spans` (sorted in place).
 pub fn union_ns(spans: &mut [(u64, u64)]) -> u64 {
     spans.sort_unstable();
@@ -233,6 +297,23 @@ mod tests {
         assert_eq!(s.top_kernels[0].name, "gemm");
         assert_eq!(s.top_kernels[0].count, 2);
         assert!((s.top_kernels[0].total_ms - 200e-6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn an_iteration_sees_its_busy_share_and_launch_latency() {
+        let events = [
+            api(1, 0),
+            kernel(1, 10, 110, "gemm"),
+            api(2, 100),
+            kernel(2, 130, 180, "softmax"),
+            kernel(3, 900, 1100, "late"),
+        ];
+        // Iteration [50, 1000]: busy 50..110, 130..180, 900..1000 = 210 of 950 ns.
+        let g = iteration(events.iter(), 50, 1000);
+        assert_eq!(g.kernels, 2); // softmax and late start inside; gemm began before
+        assert!((g.busy_us - 0.21).abs() < 1e-9, "{g:?}");
+        assert!((g.void_ratio - (1.0 - 210.0 / 950.0)).abs() < 1e-9);
+        assert_eq!(g.launch_us, vec![0.03]);
     }
 
     #[test]

@@ -1,0 +1,155 @@
+//! The GPU plane kept attached for the sentinel: one agent per engine process that has CUPTI
+//! loaded, a short buffer of recent GPU events, and per-iteration GPU figures computed once
+//! CUPTI has delivered an iteration's records (they arrive up to a flush period late).
+//! Captures in progress get a copy of every event (the tap), so a deep dive of the engine
+//! needs no second agent.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::{agent_library, summary, GpuEvent, GpuPlane};
+use crate::deep_dive::capture::process_tree;
+
+/// How long after an iteration's end its GPU records are taken as complete (the agent
+/// flushes every 200 ms; kernels are delivered once finished).
+const SETTLE_NS: u64 = 600_000_000;
+/// Events older than this before the oldest pending iteration are dropped.
+const KEEP_NS: u64 = 2_000_000_000;
+/// Iterations waiting for their GPU records, at most (older ones are given up).
+const MAX_PENDING: usize = 4096;
+
+/// The engine's GPU agents and what they delivered.
+pub struct GpuFeed {
+    planes: Vec<GpuPlane>,
+    events: VecDeque<GpuEvent>,
+    pending: VecDeque<(u64, u64)>,
+    tap: Option<BTreeMap<u32, Vec<GpuEvent>>>,
+    scratch: Vec<GpuEvent>,
+}
+
+impl GpuFeed {
+    /// Attaches an agent to every process of `pid`'s tree that has libcupti mapped; the
+    /// error says why there is none.
+    pub fn attach(pid: u32) -> Result<GpuFeed, String> {
+        let cuda: Vec<u32> = process_tree(pid)
+            .into_iter()
+            .filter(|p| super::is_mapped(*p, "/libcupti.so"))
+            .collect();
+        if cuda.is_empty() {
+            return Err("no process of the engine has CUPTI loaded".into());
+        }
+        let agent = agent_library().map_err(|e| format!("{e:#}"))?;
+        let mut planes = Vec::new();
+        let mut errors = Vec::new();
+        for p in cuda {
+            match GpuPlane::attach(p, &agent) {
+                Ok(g) => planes.push(g),
+                Err(e) => errors.push(format!("process {p}: {e:#}")),
+            }
+        }
+        if planes.is_empty() {
+            return Err(errors.join("; "));
+        }
+        Ok(GpuFeed {
+            planes,
+            events: VecDeque::new(),
+            pending: VecDeque::new(),
+            tap: None,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// One line for the status: the traced processes and their CUPTI versions.
+    pub fn describe(&self) -> String {
+        let procs: Vec<String> = self
+            .planes
+            .iter()
+            .map(|g| format!("{} (CUPTI {})", g.pid(), g.cupti_version()))
+            .collect();
+        format!("on: {}", procs.join(", "))
+    }
+
+    /// Moves new events in (and into the tap).
+    pub fn poll(&mut self) {
+        for g in &mut self.planes {
+            self.scratch.clear();
+            g.poll(&mut self.scratch);
+            if let Some(tap) = &mut self.tap {
+                tap.entry(g.pid())
+                    .or_default()
+                    .extend(self.scratch.iter().cloned());
+            }
+            self.events.extend(self.scratch.drain(..));
+        }
+    }
+
+    /// Queues an iteration for its GPU figures.
+    pub fn iteration(&mut self, start_ns: u64, end_ns: u64) {
+        if self.pending.len() == MAX_PENDING {
+            self.pending.pop_front();
+        }
+        self.pending.push_back((start_ns, end_ns));
+    }
+
+    /// The GPU figures of every queued iteration whose records have settled by `now_ns`.
+    pub fn settled(&mut self, now_ns: u64) -> Vec<summary::IterationGpu> {
+        let mut out = Vec::new();
+        while let Some(&(start, end)) = self.pending.front() {
+            if end + SETTLE_NS > now_ns {
+                break;
+            }
+            self.pending.pop_front();
+            out.push(summary::iteration(self.events.iter(), start, end));
+        }
+        let horizon = self
+            .pending
+            .front()
+            .map_or(now_ns.saturating_sub(SETTLE_NS), |p| p.0)
+            .saturating_sub(KEEP_NS);
+        self.events.retain(|e| event_end(e) >= horizon);
+        out
+    }
+
+    /// Starts copying every event for a capture.
+    pub fn start_tap(&mut self) {
+        self.tap = Some(BTreeMap::new());
+    }
+
+    /// The events copied since the last call, per process (the tap stays on).
+    pub fn drain_tap(&mut self) -> BTreeMap<u32, Vec<GpuEvent>> {
+        self.tap.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Stops copying.
+    pub fn stop_tap(&mut self) {
+        self.tap = None;
+    }
+
+    /// Detaches every agent; returns what went wrong, if anything.
+    pub fn detach(self) -> Vec<String> {
+        let mut sink = Vec::new();
+        let mut problems = Vec::new();
+        for g in self.planes {
+            let pid = g.pid();
+            match g.detach(&mut sink) {
+                Ok(true) => {}
+                Ok(false) => problems.push(format!(
+                    "the GPU agent stays loaded (idle) in process {pid}"
+                )),
+                Err(e) => problems.push(format!("process {pid}: {e:#}")),
+            }
+        }
+        problems
+    }
+}
+
+fn event_end(e: &GpuEvent) -> u64 {
+    use cupti_sys::channel::Event;
+    match e.event {
+        Event::Kernel { end, .. } => end,
+        Event::Memcpy(m) => m.end,
+        Event::Memset(m) => m.end,
+        Event::Api(a) => a.end,
+        Event::Synchronization(s) => s.end,
+        _ => 0,
+    }
+}
