@@ -112,13 +112,7 @@ fn agent() {
 }
 
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    cupti_sys::clock_ns(libc::CLOCK_MONOTONIC)
 }
 
 unsafe extern "C" fn ignore_callback(_: *mut libc::c_void, _: u32, _: u32, _: *const libc::c_void) {

@@ -69,13 +69,7 @@ fn state() -> MutexGuard<'static, State> {
 }
 
 fn realtime_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    cupti_sys::clock_ns(libc::CLOCK_REALTIME)
 }
 
 /// Full buffers to hand back, collected under the lock and delivered after it.
