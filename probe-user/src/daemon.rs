@@ -212,6 +212,9 @@ impl Daemon<'_> {
             .filter_map(|(&pid, e)| e.take_new_alert().map(|a| (pid, a)))
             .collect();
         for (pid, alert) in alerts {
+            // A normal reference recording of this engine is not normal any more: drop it,
+            // whether or not the alert gets a deep dive of its own.
+            self.abandon_reference(plane, Some(pid));
             if !dd.on_alert {
                 continue;
             }
@@ -223,17 +226,8 @@ impl Daemon<'_> {
                 );
                 continue;
             }
-            // An alert outranks a normal-reference recording in progress.
-            if self
-                .job
-                .as_ref()
-                .is_some_and(|j| matches!(j.purpose, Purpose::Reference))
-            {
-                let job = self.job.take().expect("checked");
-                self.stop_tap(job.pid);
-                self.reference_at.remove(&job.pid);
-                job.abandon(plane);
-            }
+            // An alert outranks a reference recording of another engine too.
+            self.abandon_reference(plane, None);
             let admitted = self.shared.deep_dives.lock().expect("registry").admit(
                 pid,
                 format!("alert {alert}"),
@@ -337,6 +331,18 @@ impl Daemon<'_> {
             dd.max_bytes,
         ) {
             self.writers.push(w);
+        }
+    }
+
+    /// Abandons the normal-reference recording in progress (of engine `pid`, or of any).
+    fn abandon_reference(&mut self, plane: &mut KernelPlane, pid: Option<u32>) {
+        if self.job.as_ref().is_some_and(|j| {
+            matches!(j.purpose, Purpose::Reference) && pid.is_none_or(|p| j.pid == p)
+        }) {
+            let job = self.job.take().expect("checked");
+            self.stop_tap(job.pid);
+            self.reference_at.remove(&job.pid);
+            job.abandon(plane);
         }
     }
 

@@ -446,6 +446,10 @@ impl Running {
 /// Attaches the GPU plane to every process of the tree that has libcupti mapped (CUDA
 /// processes); what could not be attached becomes a note.
 fn attach_gpu(pid: u32, notes: &mut Vec<String>) -> Vec<GpuPlane> {
+    if let Err(e) = gpu_plane::require_driver() {
+        notes.push(format!("GPU plane off: {e}"));
+        return Vec::new();
+    }
     let cuda: Vec<u32> = process_tree(pid)
         .into_iter()
         .filter(|p| gpu_plane::is_mapped(*p, "/libcupti.so"))

@@ -30,6 +30,7 @@ impl GpuFeed {
     /// Attaches an agent to every process of `pid`'s tree that has libcupti mapped; the
     /// error says why there is none.
     pub fn attach(pid: u32) -> Result<GpuFeed, String> {
+        super::require_driver().map_err(|e| e.to_string())?;
         let cuda: Vec<u32> = process_tree(pid)
             .into_iter()
             .filter(|p| super::is_mapped(*p, "/libcupti.so"))

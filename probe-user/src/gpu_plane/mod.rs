@@ -36,6 +36,17 @@ const SAFE_POINT: Duration = Duration::from_secs(10);
 /// File name of the agent library next to the stallscope executable.
 pub const AGENT_FILE: &str = "libstallscope_cupti_agent.so";
 
+/// Checks for an NVIDIA driver before anything is loaded into a target: without one every
+/// CUPTI call fails (CUPTI_ERROR_UNKNOWN), so there is no reason to touch the engine.
+/// `STALLSCOPE_GPU_STANDIN=1` stands a stand-in libcupti in for the driver (tests).
+pub fn require_driver() -> Result<()> {
+    if Path::new("/dev/nvidiactl").exists() || std::env::var_os("STALLSCOPE_GPU_STANDIN").is_some()
+    {
+        return Ok(());
+    }
+    bail!("no GPU: no NVIDIA driver on this host (/dev/nvidiactl is missing)")
+}
+
 /// The agent library: `STALLSCOPE_GPU_AGENT`, else next to the running executable.
 pub fn agent_library() -> Result<PathBuf> {
     let p = match std::env::var_os("STALLSCOPE_GPU_AGENT") {
@@ -90,6 +101,7 @@ impl GpuPlane {
     /// Loads the agent into `pid` and waits until it traces (or says why it cannot).
     pub fn attach(pid: u32, agent: &Path) -> Result<GpuPlane> {
         crate::procfs::require_target(pid)?;
+        require_driver()?;
         pyframe_tracer::python::find(pid as i32).map_err(|e| {
             anyhow::anyhow!("{e} (the GPU agent is loaded through the Python plane)")
         })?;
