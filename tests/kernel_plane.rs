@@ -207,9 +207,11 @@ fn syscalls_and_network_bytes_are_counted() {
     assert_eq!(hist, getppid, "histogram counts every call");
     let tx = storm_thread["net_tx_bytes"].as_u64().unwrap();
     // Each sendto sends 100 bytes. Thread totals and syscall totals are read one after the
-    // other at the window's edges, so a call or two may fall on either side.
+    // other at the window's edges, so a few calls may fall on either side (at ~66,000 calls a
+    // second, CI once saw 6): allow 4 calls plus one in 5,000.
+    let slack = |calls: u64| 100 * (4 + calls / 5000);
     assert!(
-        tx.abs_diff(100 * sendto) <= 400,
+        tx.abs_diff(100 * sendto) <= slack(sendto),
         "tx {tx} bytes for {sendto} sendto calls"
     );
     let (rx, recvfrom) = (
@@ -217,7 +219,7 @@ fn syscalls_and_network_bytes_are_counted() {
         sys["recvfrom"]["count"].as_u64().unwrap(),
     );
     assert!(
-        rx.abs_diff(100 * recvfrom) <= 400,
+        rx.abs_diff(100 * recvfrom) <= slack(recvfrom),
         "rx {rx} bytes for {recvfrom} recvfrom calls"
     );
     assert_eq!(report["lost_events"], 0);
