@@ -292,15 +292,20 @@ fn memory_pressure_takes_memory_and_gives_it_back() {
     let v = Victim::start(&dir);
     let before = mem_available_kib();
     let c = inject("memory-pressure", Some(v.pid()), Some("0.5"), "4s", &[]);
-    std::thread::sleep(Duration::from_millis(2500));
-    let during = mem_available_kib();
+    // The lowest MemAvailable while the stress holds (sampled up to 3.8 s into its 4 s).
+    let t = Instant::now();
+    let mut during = u64::MAX;
+    while t.elapsed() < Duration::from_millis(3800) {
+        during = during.min(mem_available_kib());
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let report = finish(c);
     std::thread::sleep(Duration::from_millis(500));
     let after = mem_available_kib();
-    // This VM hands out memory at about 1 GB/s: after 2.5 s at least 1 GB must be taken.
+    // This VM hands out memory at about 0.4-1 GB/s: within 3.8 s at least 1 GB must be taken.
     assert!(
         during + 1_000_000 < before,
-        "MemAvailable {before} kB before, {during} kB during: {report}"
+        "MemAvailable {before} kB before, {during} kB at the lowest during: {report}"
     );
     assert!(
         (after as f64) > 0.9 * before as f64,
