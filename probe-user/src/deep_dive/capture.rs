@@ -353,24 +353,9 @@ impl Running {
         for p in std::mem::take(&mut self.added) {
             let _ = plane.unwatch(p);
         }
-        for g in std::mem::take(&mut self.gpu) {
-            let pid = g.pid();
-            let (lost, dropped) = g.losses();
-            if lost + dropped > 0 {
-                self.notes.push(format!(
-                    "GPU plane of process {pid}: {lost} events lost (channel full), {dropped} dropped by CUPTI"
-                ));
-            }
-            match g.detach(self.gpu_events.entry(pid).or_default()) {
-                Ok(true) => {}
-                Ok(false) => self.notes.push(format!(
-                    "the GPU agent stays loaded (idle) in process {pid}"
-                )),
-                Err(e) => self
-                    .notes
-                    .push(format!("GPU plane of process {pid}: {e:#}")),
-            }
-        }
+        let gpu = std::mem::take(&mut self.gpu);
+        let problems = gpu_plane::detach_all(gpu, &mut self.gpu_events);
+        self.notes.extend(problems);
         let target_gone = !procfs::process_exists(self.opts.pid);
         let python = match (self.python.take(), self.fed.take()) {
             (Some(c), _) => Some(c.finish(target_gone)?),
@@ -446,34 +431,16 @@ impl Running {
 /// Attaches the GPU plane to every process of the tree that has libcupti mapped (CUDA
 /// processes); what could not be attached becomes a note.
 fn attach_gpu(pid: u32, notes: &mut Vec<String>) -> Vec<GpuPlane> {
-    if let Err(e) = gpu_plane::require_driver() {
-        notes.push(format!("GPU plane off: {e}"));
-        return Vec::new();
-    }
-    let cuda: Vec<u32> = process_tree(pid)
-        .into_iter()
-        .filter(|p| gpu_plane::is_mapped(*p, "/libcupti.so"))
-        .collect();
-    if cuda.is_empty() {
-        notes.push("GPU plane off: no process of the engine has CUPTI loaded".into());
-        return Vec::new();
-    }
-    let agent = match gpu_plane::agent_library() {
-        Ok(a) => a,
+    match gpu_plane::attach_tree(pid) {
+        Ok((planes, failed)) => {
+            notes.extend(failed.into_iter().map(|f| format!("GPU plane off for {f}")));
+            planes
+        }
         Err(e) => {
             notes.push(format!("GPU plane off: {e:#}"));
-            return Vec::new();
+            Vec::new()
         }
-    };
-    cuda.into_iter()
-        .filter_map(|p| match GpuPlane::attach(p, &agent) {
-            Ok(g) => Some(g),
-            Err(e) => {
-                notes.push(format!("GPU plane off for process {p}: {e:#}"));
-                None
-            }
-        })
-        .collect()
+    }
 }
 
 type StackThread = (

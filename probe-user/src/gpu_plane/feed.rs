@@ -6,8 +6,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::{agent_library, summary, GpuEvent, GpuPlane};
-use crate::deep_dive::capture::process_tree;
+use super::{summary, GpuEvent, GpuPlane};
 
 /// How long after an iteration's end its GPU records are taken as complete (the agent
 /// flushes every 200 ms; kernels are delivered once finished).
@@ -30,25 +29,9 @@ impl GpuFeed {
     /// Attaches an agent to every process of `pid`'s tree that has libcupti mapped; the
     /// error says why there is none.
     pub fn attach(pid: u32) -> Result<GpuFeed, String> {
-        super::require_driver().map_err(|e| e.to_string())?;
-        let cuda: Vec<u32> = process_tree(pid)
-            .into_iter()
-            .filter(|p| super::is_mapped(*p, "/libcupti.so"))
-            .collect();
-        if cuda.is_empty() {
-            return Err("no process of the engine has CUPTI loaded".into());
-        }
-        let agent = agent_library().map_err(|e| format!("{e:#}"))?;
-        let mut planes = Vec::new();
-        let mut errors = Vec::new();
-        for p in cuda {
-            match GpuPlane::attach(p, &agent) {
-                Ok(g) => planes.push(g),
-                Err(e) => errors.push(format!("process {p}: {e:#}")),
-            }
-        }
+        let (planes, failed) = super::attach_tree(pid).map_err(|e| format!("{e:#}"))?;
         if planes.is_empty() {
-            return Err(errors.join("; "));
+            return Err(failed.join("; "));
         }
         Ok(GpuFeed {
             planes,
@@ -127,19 +110,7 @@ impl GpuFeed {
 
     /// Detaches every agent; returns what went wrong, if anything.
     pub fn detach(self) -> Vec<String> {
-        let mut sink = Vec::new();
-        let mut problems = Vec::new();
-        for g in self.planes {
-            let pid = g.pid();
-            match g.detach(&mut sink) {
-                Ok(true) => {}
-                Ok(false) => problems.push(format!(
-                    "the GPU agent stays loaded (idle) in process {pid}"
-                )),
-                Err(e) => problems.push(format!("process {pid}: {e:#}")),
-            }
-        }
-        problems
+        super::detach_all(self.planes, &mut BTreeMap::new())
     }
 }
 

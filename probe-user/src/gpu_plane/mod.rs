@@ -65,6 +65,56 @@ pub fn agent_library() -> Result<PathBuf> {
     Ok(p)
 }
 
+/// Attaches an agent to every process of `pid`'s tree that has libcupti mapped. Returns the
+/// planes attached and one line per process that could not be; the error says why none was
+/// tried (no driver, no CUDA process, no agent library).
+pub fn attach_tree(pid: u32) -> Result<(Vec<GpuPlane>, Vec<String>)> {
+    require_driver()?;
+    let cuda: Vec<u32> = crate::deep_dive::capture::process_tree(pid)
+        .into_iter()
+        .filter(|p| is_mapped(*p, "/libcupti.so"))
+        .collect();
+    if cuda.is_empty() {
+        bail!("no process of the engine has CUPTI loaded");
+    }
+    let agent = agent_library()?;
+    let mut planes = Vec::new();
+    let mut failed = Vec::new();
+    for p in cuda {
+        match GpuPlane::attach(p, &agent) {
+            Ok(g) => planes.push(g),
+            Err(e) => failed.push(format!("process {p}: {e:#}")),
+        }
+    }
+    Ok((planes, failed))
+}
+
+/// Detaches every plane, collecting their last events into `events` by process; one line per
+/// plane that lost events or did not detach cleanly.
+pub fn detach_all(
+    planes: Vec<GpuPlane>,
+    events: &mut std::collections::BTreeMap<u32, Vec<GpuEvent>>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for g in planes {
+        let pid = g.pid();
+        let (lost, dropped) = g.losses();
+        if lost + dropped > 0 {
+            problems.push(format!(
+                "GPU plane of process {pid}: {lost} events lost (channel full), {dropped} dropped by CUPTI"
+            ));
+        }
+        match g.detach(events.entry(pid).or_default()) {
+            Ok(true) => {}
+            Ok(false) => problems.push(format!(
+                "the GPU agent stays loaded (idle) in process {pid}"
+            )),
+            Err(e) => problems.push(format!("GPU plane of process {pid}: {e:#}")),
+        }
+    }
+    problems
+}
+
 /// A GPU event with its times on CLOCK_MONOTONIC, and kernel names resolved.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuEvent {
