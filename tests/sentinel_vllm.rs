@@ -314,7 +314,6 @@ fn sentinel_on_real_vllm() {
         "{:.2} % of steady decode iterations flagged",
         100.0 * rate
     );
-    let steady_alerts = alerts.as_array().unwrap().len();
 
     // Iterations: stallscope's rows against the engine's own log over the steady window.
     let rows = parse_export(&dir.join("iterations.csv"));
@@ -395,6 +394,19 @@ fn sentinel_on_real_vllm() {
         "promtool: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+
+    // A steady-load alert still open would swallow the hog's (it would simply go on): start the
+    // hog once none is open, counting the alerts raised until then as steady ones.
+    wait(
+        "a moment with no open alert",
+        Duration::from_secs(120),
+        &|| engine(port).is_some_and(|e| e["anomaly_active"] == false),
+    );
+    let steady_alerts = serde_json::from_str::<Value>(&http_get(port, "/api/v1/alerts"))
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .len();
 
     // A CPU hog on the engine's CPUs: an alert within seconds.
     let cpus = engine_cpus(engine_pid);
