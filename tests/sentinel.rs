@@ -69,6 +69,7 @@ cooldown = "60s"
 max_per_hour = 6
 reference_every = "1h"
 reference_duration = "2s"
+reference_settle = "1s"
 dir = "{dir}/deep-dives"
 token = "{token}"
 

@@ -143,6 +143,21 @@ fn parse_log_times(path: &Path) -> Vec<(u64, f64)> {
         .collect()
 }
 
+/// vLLM's logged steps in each of the last `secs` seconds, oldest first.
+fn steps_per_second(path: &Path, secs: u64) -> Vec<usize> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut counts = vec![0; secs as usize];
+    for (t, _) in parse_log_times(path) {
+        if let Some(ago) = now.checked_sub(t).filter(|a| *a < secs) {
+            counts[(secs - 1 - ago) as usize] += 1;
+        }
+    }
+    counts
+}
+
 /// One row of stallscope's iteration export.
 #[derive(Debug, Clone, Copy)]
 struct Row {
@@ -396,11 +411,20 @@ fn sentinel_on_real_vllm() {
     );
 
     // A steady-load alert still open would swallow the hog's (it would simply go on): start the
-    // hog once none is open, counting the alerts raised until then as steady ones.
+    // hog once none is open and no capture runs, counting the alerts raised until then as
+    // steady ones.
     wait(
-        "a moment with no open alert",
+        "a moment with no open alert and no capture running",
         Duration::from_secs(120),
-        &|| engine(port).is_some_and(|e| e["anomaly_active"] == false),
+        &|| {
+            serde_json::from_str::<Value>(&http_get(port, "/api/v1/status")).is_ok_and(|s| {
+                s["capture"].is_null()
+                    && s["engines"]
+                        .as_array()
+                        .and_then(|a| a.iter().find(|e| e["pid"] == engine_pid))
+                        .is_some_and(|e| e["anomaly_active"] == false)
+            })
+        },
     );
     let steady_alerts = serde_json::from_str::<Value>(&http_get(port, "/api/v1/alerts"))
         .unwrap()
@@ -412,10 +436,22 @@ fn sentinel_on_real_vllm() {
     let cpus = engine_cpus(engine_pid);
     let hog = start_hog(&cpus);
     let t = Instant::now();
-    wait("alert under a CPU hog", Duration::from_secs(60), &|| {
+    let status_at_hog = http_get(port, "/api/v1/status");
+    let hog_alert = || {
         serde_json::from_str::<Value>(&http_get(port, "/api/v1/alerts"))
             .is_ok_and(|a| a.as_array().is_some_and(|a| a.len() > steady_alerts))
-    });
+    };
+    while !hog_alert() {
+        // What the engine and the daemon did meanwhile, should no alert come.
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no alert under a CPU hog within 60 s\nstatus at the hog's start: {status_at_hog}\nstatus now: {}\nvLLM steps per second since the hog: {:?}\ndaemon log:\n{}",
+            http_get(port, "/api/v1/status"),
+            steps_per_second(&log_path, 70),
+            std::fs::read_to_string(&daemon_log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
     let lag = t.elapsed();
     let alerts: Value = serde_json::from_str(&http_get(port, "/api/v1/alerts")).unwrap();
     let alert = &alerts[steady_alerts];

@@ -106,7 +106,7 @@ pub const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "memory-pressure",
-        stresses: "memory: maps and keeps touching anonymous memory, drops the page cache (and sets memory.high on cgroup v2)",
+        stresses: "memory: takes anonymous memory, drops the page cache, pushes the engine into reclaim (memory.high on cgroup v2, its file-backed pages paged out elsewhere)",
         intensity: "fraction of MemAvailable taken (at most 80 %)",
         cause: Some(MEMORY),
         needs_pid: true,

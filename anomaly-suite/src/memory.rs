@@ -2,7 +2,7 @@
 //! cgroup v2 the engine's cgroup pushed into reclaim) and allocator fragmentation.
 
 use std::{
-    sync::atomic::{AtomicBool, Ordering},
+    sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     time::{Duration, Instant},
 };
 
@@ -98,9 +98,96 @@ impl Drop for MemoryHigh {
     }
 }
 
-/// Takes `intensity` × 80 % of MemAvailable and keeps writing to every page of it, drops
+/// Reclaim aimed at the engine's processes: their file-backed pages (code of the interpreter
+/// and its extension libraries, mapped model files) are paged out with
+/// `process_madvise(MADV_PAGEOUT)`, as the kernel's reclaim does to a cgroup pushed past
+/// memory.high when there is no swap (anonymous pages stay). The engine faults them back in
+/// from disk. For cgroup v1 hosts, which have no memory.high.
+struct Reclaim {
+    /// (pid, pidfd) of each engine process.
+    targets: Vec<(u32, std::os::fd::OwnedFd)>,
+}
+
+impl Reclaim {
+    fn open(pid: u32) -> Reclaim {
+        use std::os::fd::FromRawFd;
+        let targets = crate::process_tree(pid)
+            .into_iter()
+            .filter_map(|p| {
+                // SAFETY: pidfd_open takes a pid and flags; the result is checked.
+                let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, p as libc::pid_t, 0) };
+                // SAFETY: a fresh descriptor owned by nobody else.
+                (fd >= 0).then(|| (p, unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }))
+            })
+            .collect();
+        Reclaim { targets }
+    }
+
+    /// Pages out every file-backed mapping once; returns the bytes the kernel reclaimed
+    /// (process_madvise's result) and the first error, if any.
+    fn pass(&self) -> (u64, Option<std::io::Error>) {
+        use std::os::fd::AsRawFd;
+        let mut done = 0u64;
+        let mut error = None;
+        for (pid, fd) in &self.targets {
+            let iov: Vec<libc::iovec> = file_mappings(*pid)
+                .into_iter()
+                .map(|(start, end)| libc::iovec {
+                    iov_base: start as *mut libc::c_void,
+                    iov_len: (end - start) as usize,
+                })
+                .collect();
+            // UIO_MAXIOV ranges per call.
+            for chunk in iov.chunks(1024) {
+                // SAFETY: the iovecs describe ranges of the target, never dereferenced here.
+                let r = unsafe {
+                    libc::syscall(
+                        libc::SYS_process_madvise,
+                        fd.as_raw_fd(),
+                        chunk.as_ptr(),
+                        chunk.len(),
+                        libc::MADV_PAGEOUT,
+                        0,
+                    )
+                };
+                if r >= 0 {
+                    done += r as u64;
+                } else if error.is_none() {
+                    error = Some(std::io::Error::last_os_error());
+                }
+            }
+        }
+        (done, error)
+    }
+}
+
+/// The file-backed mappings of `pid` (start, end).
+fn file_mappings(pid: u32) -> Vec<(u64, u64)> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    maps.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (range, _perms, _off, _dev, inode) =
+                (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+            let path = f.next()?;
+            if inode == "0" || !path.starts_with('/') {
+                return None;
+            }
+            let (a, b) = range.split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// Takes `intensity` × 80 % of MemAvailable (with swap, keeps its pages recently used), drops
 /// the page cache every second (so the engine's file-backed pages must be read again), and
-/// on cgroup v2 lowers the engine cgroup's memory.high below its usage.
+/// pushes the engine itself into reclaim: on cgroup v2 its cgroup's memory.high is lowered
+/// below its usage; elsewhere its file-backed pages are paged out `intensity` × 10 times a
+/// second ([`Reclaim`]). The memory is taken by a thread at nice 19, so that taking it (the
+/// kernel zeroes every page) does not also contend for the engine's CPUs.
 pub fn pressure(p: &Params, stop: &AtomicBool) -> Result<String> {
     let pid = p.pid.expect("checked by Scenario::run");
     let deadline = Instant::now() + p.duration;
@@ -110,53 +197,107 @@ pub fn pressure(p: &Params, stop: &AtomicBool) -> Result<String> {
         bail!("cannot read MemAvailable from /proc/meminfo");
     }
     let map = Mapping::new(len)?;
-    // Take the memory at once (the kernel fills the pages without a fault per page), then
-    // keep every page hot below.
+    let high = MemoryHigh::lower(pid, p.intensity);
+    let reclaim = high.is_none().then(|| Reclaim::open(pid));
+    let reclaim_every = Duration::from_secs_f64(0.1 / p.intensity.max(0.01));
+    let swap = meminfo_kib("SwapTotal:").unwrap_or(0) > 0;
+    let taken = AtomicUsize::new(0);
+    let passes = AtomicU64::new(0);
+    let (mut reclaimed, mut passes_out, mut reclaim_error) = (0u64, 0u64, None);
+    let mut drops = 0;
+    std::thread::scope(|scope| {
+        let base = map.ptr as usize;
+        let (taken, passes) = (&taken, &passes);
+        scope.spawn(move || take_memory(base, len, swap, deadline, stop, taken, passes));
+        let mut dropped_at = Instant::now() - Duration::from_secs(1);
+        let mut reclaimed_at = Instant::now() - reclaim_every;
+        while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+            if dropped_at.elapsed() >= Duration::from_secs(1)
+                && std::fs::write("/proc/sys/vm/drop_caches", "1").is_ok()
+            {
+                drops += 1;
+                dropped_at = Instant::now();
+            }
+            if let Some(r) = reclaim
+                .as_ref()
+                .filter(|_| reclaimed_at.elapsed() >= reclaim_every)
+            {
+                let (n, e) = r.pass();
+                reclaimed += n;
+                passes_out += 1;
+                reclaim_error = reclaim_error.take().or(e);
+                reclaimed_at = Instant::now();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+    drop(map);
+    // Exactly one of memory.high and the targeted reclaim pushed the engine.
+    let cgroup = match &reclaim {
+        None => "memory.high of the engine's cgroup lowered to half its usage at full intensity"
+            .to_string(),
+        Some(r) => format!(
+            "no cgroup v2 memory.high here: the file-backed pages of the engine's {} processes paged out {passes_out} times ({} MiB advised{})",
+            r.targets.len(),
+            reclaimed >> 20,
+            reclaim_error.map_or(String::new(), |e| format!(", process_madvise: {e}"))
+        ),
+    };
+    drop(high);
+    let taken = taken.load(Ordering::Relaxed);
+    if taken == 0 {
+        bail!("could not take any memory (madvise MADV_POPULATE_WRITE failed)");
+    }
+    Ok(format!(
+        "{} MiB of anonymous memory mapped, {} MiB taken, written {} times over, page cache dropped {drops} times; {cgroup}",
+        len >> 20,
+        taken >> 20,
+        passes.load(Ordering::Relaxed)
+    ))
+}
+
+/// The taking thread of [`pressure`]: fills `[base, base + len)` in chunks (the kernel fills
+/// a chunk's pages without a fault per page; this VM hands out a few hundred MB a second),
+/// then, with swap, keeps the pages recently used (paced: 16 MiB every 10 ms). Without swap
+/// anonymous pages cannot be reclaimed: holding them is the pressure.
+fn take_memory(
+    base: usize,
+    len: usize,
+    swap: bool,
+    deadline: Instant,
+    stop: &AtomicBool,
+    taken: &AtomicUsize,
+    passes: &AtomicU64,
+) {
     const MADV_POPULATE_WRITE: libc::c_int = 23;
-    const CHUNK: usize = 256 << 20;
+    const CHUNK: usize = 4 << 20;
+    // SAFETY: plain syscalls on the calling thread (Linux nice values are per thread).
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+    let running = || Instant::now() < deadline && !stop.load(Ordering::Relaxed);
     let mut off = 0;
-    while off < len && Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+    while off < len && running() {
         let n = CHUNK.min(len - off);
-        // SAFETY: [off, off + n) lies inside the mapping.
-        if unsafe { libc::madvise(map.ptr.add(off).cast(), n, MADV_POPULATE_WRITE) } != 0 {
+        // SAFETY: [off, off + n) lies inside the mapping, which outlives this thread.
+        if unsafe { libc::madvise((base + off) as *mut libc::c_void, n, MADV_POPULATE_WRITE) } != 0
+        {
             break;
         }
         off += n;
+        taken.store(off, Ordering::Relaxed);
     }
-    let high = MemoryHigh::lower(pid, p.intensity);
-    let mut drops = 0;
-    let mut dropped_at = Instant::now() - Duration::from_secs(1);
     let mut page = 0usize;
-    let mut passes = 0u64;
-    while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-        if dropped_at.elapsed() >= Duration::from_secs(1)
-            && std::fs::write("/proc/sys/vm/drop_caches", "1").is_ok()
-        {
-            drops += 1;
-            dropped_at = Instant::now();
-        }
+    while swap && off > 0 && running() {
+        std::thread::sleep(Duration::from_millis(10));
         for _ in 0..4096 {
-            // SAFETY: page < len, inside the mapping.
-            unsafe { map.ptr.add(page).write_volatile(passes as u8) };
+            // SAFETY: page < off, inside the populated part of the mapping.
+            unsafe { ((base + page) as *mut u8).write_volatile(page as u8) };
             page += 4096;
-            if page >= len {
+            if page >= off {
                 page = 0;
-                passes += 1;
+                passes.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
-    drop(map);
-    let cgroup = if high.is_some() {
-        "memory.high of the engine's cgroup lowered to half its usage at full intensity"
-    } else {
-        "no cgroup v2 memory.high here (cgroup v1 or not permitted)"
-    };
-    drop(high);
-    Ok(format!(
-        "{} MiB of anonymous memory mapped, {} MiB populated, written {passes} times over, page cache dropped {drops} times; {cgroup}",
-        len >> 20,
-        off >> 20
-    ))
 }
 
 /// A small xorshift generator: the stress only needs varied sizes, not good randomness.

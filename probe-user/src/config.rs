@@ -51,6 +51,10 @@ pub struct DeepDiveConfig {
     /// Length of a normal-reference recording.
     #[serde(with = "duration_text")]
     pub reference_duration: Duration,
+    /// A reference is recorded only once the engine has been healthy (fitted, no alert open)
+    /// this long: not in the aftermath of an alert or of start-up.
+    #[serde(with = "duration_text")]
+    pub reference_settle: Duration,
     /// py-spy samples per second.
     pub stack_sample_hz: f64,
     /// Host telemetry samples per second.
@@ -76,6 +80,7 @@ impl Default for DeepDiveConfig {
             max_per_hour: 6,
             reference_every: Duration::from_secs(600),
             reference_duration: Duration::from_secs(2),
+            reference_settle: Duration::from_secs(30),
             stack_sample_hz: 100.0,
             telemetry_hz: 100.0,
             max_events: 2_000_000,

@@ -28,6 +28,7 @@ use crate::{
     features::{Features, KernelPaths},
     http,
     kernel_plane::{KernelPlane, Snapshot},
+    loop_watchdog::{self, Marker, Phase},
     metrics::THREAD_STATES,
     procfs,
     shared::Shared,
@@ -48,7 +49,9 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         Some(IterationCsv::create(&cfg.state.iterations_csv)?)
     };
     let mut plane = KernelPlane::load(&features)?;
+    let (mark, _watchdog) = loop_watchdog::start()?;
     let mut daemon = Daemon {
+        mark,
         cfg,
         shared: shared.clone(),
         engines: BTreeMap::new(),
@@ -103,20 +106,25 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
     let mut report_at = Instant::now() + cfg.report.interval;
     while !stop.load(Ordering::SeqCst) {
         if Instant::now() >= rescan_at {
+            daemon.mark.enter(Phase::Rescan);
             daemon.rescan(&mut plane);
             rescan_at = Instant::now() + cfg.watch.rescan_interval;
         }
+        daemon.mark.enter(Phase::Sentinel);
         for e in daemon.engines.values_mut() {
             e.tick(&shared, &mut export);
         }
+        daemon.mark.enter(Phase::DeepDive);
         daemon.deep_dives(&mut plane);
         if Instant::now() >= report_at {
+            daemon.mark.enter(Phase::Accounting);
             last = daemon.account(&mut plane, &last);
             report_at = Instant::now() + cfg.report.interval;
             if let Some(out) = &mut export {
                 let _ = out.flush();
             }
         }
+        daemon.mark.enter(Phase::Idle);
         std::thread::sleep(cfg.sentinel.poll_interval);
     }
     if let Some(mut job) = daemon.job.take() {
@@ -143,6 +151,8 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
 
 struct Daemon<'a> {
     cfg: &'a Config,
+    /// Marks the loop's phases for the watchdog.
+    mark: Marker,
     shared: Arc<Shared>,
     engines: BTreeMap<u32, Engine>,
     /// Engines that failed to attach, and when to try again.
@@ -265,6 +275,7 @@ impl Daemon<'_> {
         if self.job.is_none() {
             let due = self.engines.iter().find(|(pid, e)| {
                 e.healthy()
+                    && e.healthy_for() >= dd.reference_settle
                     && self
                         .reference_at
                         .get(pid)
@@ -279,6 +290,7 @@ impl Daemon<'_> {
 
     /// Starts a capture of engine `pid`, fed by its probe calls.
     fn start(&mut self, purpose: Purpose, pid: u32, plane: &mut KernelPlane) {
+        self.mark.enter(Phase::CaptureStart);
         let id = match &purpose {
             Purpose::DeepDive(r) => Some(r.id),
             Purpose::Reference => None,
@@ -298,10 +310,15 @@ impl Daemon<'_> {
         let gpu_fed = self.cfg.deep_dive.has("gpu") && engine.start_gpu_tap();
         match Job::start(purpose, pid, source, gpu_fed, &self.cfg.deep_dive, plane) {
             Ok(job) => {
+                let what = match id {
+                    Some(id) => format!("deep dive {id} of engine {pid}"),
+                    None => format!("normal reference of engine {pid}"),
+                };
                 match id {
                     Some(id) => info!("engine {pid}: deep dive {id} started"),
                     None => info!("engine {pid}: recording a normal reference"),
                 }
+                *self.shared.capture.lock().expect("capture lock") = Some(what);
                 self.job = Some(job);
             }
             Err(e) => {
@@ -320,6 +337,8 @@ impl Daemon<'_> {
 
     /// Hands a finished capture to a writer thread.
     fn finish(&mut self, job: Job, plane: &mut KernelPlane) {
+        self.mark.enter(Phase::CaptureFinish);
+        *self.shared.capture.lock().expect("capture lock") = None;
         self.stop_tap(job.pid);
         let dd = &self.cfg.deep_dive;
         self.writers.retain(|w| !w.is_finished());
@@ -340,6 +359,8 @@ impl Daemon<'_> {
             matches!(j.purpose, Purpose::Reference) && pid.is_none_or(|p| j.pid == p)
         }) {
             let job = self.job.take().expect("checked");
+            self.mark.enter(Phase::CaptureFinish);
+            *self.shared.capture.lock().expect("capture lock") = None;
             self.stop_tap(job.pid);
             self.reference_at.remove(&job.pid);
             job.abandon(plane);

@@ -60,6 +60,8 @@ pub struct Engine {
     new_alert: Option<u64>,
     /// Calls kept for a capture in progress (None: not tapped).
     tap: Option<Vec<Call>>,
+    /// Since when the engine has been healthy (see [`Engine::healthy`]).
+    healthy_since: Option<Instant>,
     status_at: Instant,
     /// The GPU plane, when the engine has CUDA.
     gpu: Option<GpuFeed>,
@@ -167,6 +169,7 @@ impl Engine {
             open_alert: None,
             new_alert: None,
             tap: None,
+            healthy_since: None,
             status_at: Instant::now() - STATUS_PERIOD,
         })
     }
@@ -204,6 +207,11 @@ impl Engine {
         }
         self.gpu_figures(shared);
         self.manage_fit();
+        if self.healthy() {
+            self.healthy_since.get_or_insert_with(Instant::now);
+        } else {
+            self.healthy_since = None;
+        }
         if self.status_at.elapsed() >= STATUS_PERIOD {
             self.publish_status(shared);
         }
@@ -312,6 +320,11 @@ impl Engine {
     /// Whether the model is fitted and no alert is open: a time to record a normal reference.
     pub fn healthy(&self) -> bool {
         self.sentinel.state() == model::ModelState::Fitted && !self.sentinel.alerting()
+    }
+
+    /// How long the engine has been healthy without a break (zero when it is not).
+    pub fn healthy_for(&self) -> Duration {
+        self.healthy_since.map_or(Duration::ZERO, |t| t.elapsed())
     }
 
     /// Starts keeping every call for a capture, and describes the probes they come from.

@@ -18,6 +18,7 @@ mod http;
 mod inject_cmd;
 mod iterations;
 mod kernel_plane;
+mod loop_watchdog;
 mod metrics;
 mod model_cmd;
 mod probe_cmd;

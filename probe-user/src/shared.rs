@@ -93,6 +93,8 @@ pub struct Shared {
     pub attach_errors: Mutex<BTreeMap<u32, String>>,
     /// The daemon's deep dives.
     pub deep_dives: Mutex<Registry>,
+    /// The capture running now (a deep dive or a normal-reference recording), if any.
+    pub capture: Mutex<Option<String>>,
     alerts: Mutex<VecDeque<Alert>>,
     log: Mutex<File>,
 }
@@ -119,6 +121,7 @@ impl Shared {
             engines: Mutex::new(BTreeMap::new()),
             attach_errors: Mutex::new(BTreeMap::new()),
             deep_dives: Mutex::new(Registry::default()),
+            capture: Mutex::new(None),
             alerts: Mutex::new(VecDeque::new()),
             log: Mutex::new(log),
         })

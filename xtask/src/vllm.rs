@@ -569,6 +569,15 @@ fn load(
     if let Some(secs) = duration {
         cmd.args(["--duration", &secs.to_string()]);
     }
+    // The load ends with this command: a test or script that stops `xtask vllm load` must not
+    // leave its clients running against the server.
+    // SAFETY: prctl is async-signal-safe and only touches the child.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
     run_checked(&mut cmd)
 }
 

@@ -323,8 +323,12 @@ pub fn features(
             }
             for spans in timeline.syscalls.values() {
                 for s in overlapping(spans, cy.start, cy.end) {
+                    let name = syscall_names::name(s.what);
+                    if HANDOFF_SYSCALLS.contains(&name.as_str()) {
+                        continue;
+                    }
                     let ns = overlap(s.start, s.end, cy.start, cy.end);
-                    add(EventKind::Syscall, syscall_names::name(s.what), ns);
+                    add(EventKind::Syscall, name, ns);
                 }
             }
             for call in calls.iter().filter(|k| Some(k.func.as_str()) != anchor) {
@@ -354,6 +358,14 @@ pub fn features(
         })
         .collect()
 }
+
+/// Syscalls in which a thread waits for another thread of the engine (locks, condition
+/// variables, spin-and-yield hand-offs). Their time grows with whatever delays the other
+/// thread: vLLM's engine core spends each step in futex and sched_yield waiting for its worker,
+/// so when memory pressure or a hog slows the worker they grow most and would name the
+/// symptom, not the cause. Like interruptible sleep they are left out of the ranking (the
+/// trace still shows them).
+const HANDOFF_SYSCALLS: [&str; 2] = ["futex", "sched_yield"];
 
 /// Syscalls that wait on storage.
 const IO_SYSCALLS: [&str; 14] = [

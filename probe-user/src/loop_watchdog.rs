@@ -1,0 +1,182 @@
+//! A watchdog on the daemon's loop. The loop runs the sentinel of every engine; if it is held
+//! up (by a capture's teardown, a slow /proc read, a lock), alerts stop coming without any
+//! sign. The loop marks each phase it enters; a thread of its own checks that the mark moves
+//! and logs a warning naming the phase, the loop thread's state and kernel wait channel when
+//! it has not moved for [`STUCK_AFTER`], then how long the hold-up lasted once it is over.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use log::warn;
+
+use crate::clock;
+
+/// A loop pass held up this long is reported.
+pub const STUCK_AFTER: Duration = Duration::from_secs(3);
+
+/// The parts of one pass of the daemon's loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    /// Looking for engines to attach.
+    Rescan = 0,
+    /// Draining probe records and running the sentinel.
+    Sentinel = 1,
+    /// Feeding deep-dive captures and picking the next one.
+    DeepDive = 2,
+    /// Starting a capture (probes, samplers, the kernel plane's raw events).
+    CaptureStart = 3,
+    /// Stopping a capture and handing it to its writer.
+    CaptureFinish = 4,
+    /// Per-thread kernel accounting and exports.
+    Accounting = 5,
+    /// Sleeping between passes.
+    Idle = 6,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Rescan => "engine rescan",
+            Phase::Sentinel => "sentinel (probe records)",
+            Phase::DeepDive => "deep-dive scheduling",
+            Phase::CaptureStart => "starting a capture",
+            Phase::CaptureFinish => "stopping a capture",
+            Phase::Accounting => "kernel accounting",
+            Phase::Idle => "sleep between passes",
+        }
+    }
+
+    fn from_u8(v: u8) -> Phase {
+        match v {
+            0 => Phase::Rescan,
+            1 => Phase::Sentinel,
+            2 => Phase::DeepDive,
+            3 => Phase::CaptureStart,
+            4 => Phase::CaptureFinish,
+            5 => Phase::Accounting,
+            _ => Phase::Idle,
+        }
+    }
+}
+
+/// The loop's side: marks phases. Cheap (two relaxed stores).
+pub struct Marker {
+    state: Arc<State>,
+}
+
+struct State {
+    /// CLOCK_MONOTONIC ns of the last phase change.
+    since_ns: AtomicU64,
+    phase: AtomicU8,
+    /// The loop thread's tid, for its /proc state.
+    tid: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl Marker {
+    /// Records that the loop entered `phase` now.
+    pub fn enter(&self, phase: Phase) {
+        self.state.phase.store(phase as u8, Ordering::Relaxed);
+        self.state
+            .since_ns
+            .store(clock::monotonic_ns(), Ordering::Relaxed);
+    }
+}
+
+/// The watchdog thread; stopped and joined on drop.
+pub struct Watchdog {
+    state: Arc<State>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Starts watching the calling thread's loop.
+pub fn start() -> std::io::Result<(Marker, Watchdog)> {
+    let state = Arc::new(State {
+        since_ns: AtomicU64::new(clock::monotonic_ns()),
+        phase: AtomicU8::new(Phase::Idle as u8),
+        tid: AtomicU64::new(u64::from(std::process::id())),
+        stop: AtomicBool::new(false),
+    });
+    // SAFETY: gettid has no preconditions.
+    state
+        .tid
+        .store(unsafe { libc::gettid() } as u64, Ordering::Relaxed);
+    let watched = state.clone();
+    let handle = std::thread::Builder::new()
+        .name("stallscope-watchdog".into())
+        .spawn(move || watch(&watched))?;
+    Ok((
+        Marker {
+            state: state.clone(),
+        },
+        Watchdog {
+            state,
+            handle: Some(handle),
+        },
+    ))
+}
+
+fn watch(s: &State) {
+    // The pass being reported as stuck: its start.
+    let mut reported: Option<u64> = None;
+    while !s.stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(500));
+        let since = s.since_ns.load(Ordering::Relaxed);
+        let phase = Phase::from_u8(s.phase.load(Ordering::Relaxed));
+        let held = Duration::from_nanos(clock::monotonic_ns().saturating_sub(since));
+        match reported {
+            Some(at) if at != since => {
+                warn!(
+                    "the daemon's loop is moving again (held up {:.1?} in total)",
+                    Duration::from_nanos(since.saturating_sub(at))
+                );
+                reported = None;
+            }
+            None if held >= STUCK_AFTER && phase != Phase::Idle => {
+                let tid = s.tid.load(Ordering::Relaxed);
+                warn!(
+                    "the daemon's loop has been held up for {held:.1?} in {}: no alerts while it lasts (loop thread {tid}: {})",
+                    phase.name(),
+                    thread_state(tid)
+                );
+                reported = Some(since);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// "state S, waiting in <wchan>" for a thread of this process.
+fn thread_state(tid: u64) -> String {
+    let base = format!("/proc/self/task/{tid}");
+    let state = std::fs::read_to_string(format!("{base}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1.trim_start().to_string();
+            rest.split(' ').next().map(str::to_string)
+        })
+        .unwrap_or_else(|| "?".into());
+    let wchan = std::fs::read_to_string(format!("{base}/wchan")).unwrap_or_default();
+    let wchan = if wchan.is_empty() || wchan == "0" {
+        "-".to_string()
+    } else {
+        wchan
+    };
+    format!("state {state}, kernel wait channel {wchan}")
+}
