@@ -171,6 +171,14 @@ fn traces_a_live_process_and_gives_everything_back() {
     assert_eq!(r["lost_events"], 0);
     assert_eq!(r["cupti_version"], 130500);
     assert_eq!(r["agent_unloaded"], true, "{r}");
+    // The agent built for old glibc is the one loaded (see old_glibc_agent_...).
+    assert!(
+        r["agent"]
+            .as_str()
+            .unwrap()
+            .ends_with("glibc-2.28/libstallscope_cupti_agent.so"),
+        "{r}"
+    );
 
     // Detached: CUPTI holds nothing (no subscriber, callbacks or kinds), nothing is left in
     // the process, and it keeps stepping.
@@ -405,6 +413,51 @@ fn a_held_subscriber_slot_is_reported_not_fought() {
     assert!(last.starts_with("error: no GPU plane for process"), "{e}");
     assert_eq!(t.state_after(Duration::from_millis(200)), 0);
     nothing_left(&t);
+}
+
+/// The highest `GLIBC_x.y[.z]` symbol version named in an ELF file's strings.
+fn highest_glibc(elf: &[u8]) -> (u32, u32) {
+    let mut best = (0, 0);
+    for w in elf.windows(6).enumerate().filter(|(_, w)| *w == b"GLIBC_") {
+        let rest = &elf[w.0 + 6..];
+        let end = rest
+            .iter()
+            .position(|c| !(c.is_ascii_digit() || *c == b'.'))
+            .unwrap_or(rest.len());
+        let v: Vec<u32> = std::str::from_utf8(&rest[..end])
+            .unwrap()
+            .split('.')
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        if v.len() >= 2 {
+            best = best.max((v[0], v[1]));
+        }
+    }
+    best
+}
+
+#[test]
+fn old_glibc_agent_needs_nothing_past_glibc_2_28() {
+    // `cargo xtask setup` builds it with zig next to the binary; the plain build, linked on
+    // this host, needs 2.34 (checked too, so the scan is known to see versions).
+    let release = std::env::var_os("STALLSCOPE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/stallscope")
+        })
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let portable = release.join("glibc-2.28/libstallscope_cupti_agent.so");
+    let elf = std::fs::read(&portable)
+        .unwrap_or_else(|e| panic!("{}: {e} (run cargo xtask setup)", portable.display()));
+    assert!(highest_glibc(&elf) <= (2, 28), "{:?}", highest_glibc(&elf));
+    let plain = std::fs::read(release.join("libstallscope_cupti_agent.so")).unwrap();
+    assert!(
+        highest_glibc(&plain) > (2, 28),
+        "{:?}",
+        highest_glibc(&plain)
+    );
 }
 
 #[test]

@@ -9,6 +9,7 @@ mod bench_python;
 mod bench_sentinel;
 mod bench_trace;
 mod gpu_check;
+mod portable_agent;
 mod setup;
 mod vllm;
 

@@ -29,8 +29,8 @@ pub fn cache_dir() -> PathBuf {
         })
 }
 
-/// Installs what is missing, then builds the release binary, the GPU agent next to it and
-/// the stand-in libcupti the tests load.
+/// Installs what is missing, then builds the release binary, the GPU agent next to it (and
+/// its glibc 2.28 build in `glibc-2.28/`) and the stand-in libcupti the tests load.
 pub fn run() -> Result<()> {
     let nightly_dir = ebpf_toolchain()?;
     bpf_linker(&nightly_dir)?;
@@ -50,6 +50,7 @@ pub fn run() -> Result<()> {
         "--package",
         "stallscope-tests",
     ])?;
+    crate::portable_agent::build()?;
     eprintln!("setup: ready ({})", crate::stallscope_bin().display());
     Ok(())
 }

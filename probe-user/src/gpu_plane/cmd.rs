@@ -92,6 +92,7 @@ pub fn run(args: &GpuArgs) -> Result<()> {
         },
         "lost_events": lost,
         "cupti_dropped": cupti_dropped,
+        "agent": agent,
         "agent_unloaded": unloaded,
         "trace": args.output,
         "trace_slices": trace_slices,

@@ -47,18 +47,32 @@ pub fn require_driver() -> Result<()> {
     bail!("no GPU: no NVIDIA driver on this host (/dev/nvidiactl is missing)")
 }
 
-/// The agent library: `STALLSCOPE_GPU_AGENT`, else next to the running executable.
+/// Directory, next to the executable, of the agent built for old glibc (`cargo xtask setup`
+/// builds it with zig): it loads into engines whose glibc is as old as 2.28, where the plain
+/// build needs 2.34.
+pub const PORTABLE_AGENT_DIR: &str = "glibc-2.28";
+
+/// The agent library: `STALLSCOPE_GPU_AGENT`, else next to the running executable (its
+/// glibc 2.28 build in [`PORTABLE_AGENT_DIR`] when there is one).
 pub fn agent_library() -> Result<PathBuf> {
     let p = match std::env::var_os("STALLSCOPE_GPU_AGENT") {
         Some(p) => PathBuf::from(p),
-        None => std::env::current_exe()?
-            .parent()
-            .context("the executable has no directory")?
-            .join(AGENT_FILE),
+        None => {
+            let dir = std::env::current_exe()?
+                .parent()
+                .context("the executable has no directory")?
+                .to_path_buf();
+            let portable = dir.join(PORTABLE_AGENT_DIR).join(AGENT_FILE);
+            if portable.is_file() {
+                portable
+            } else {
+                dir.join(AGENT_FILE)
+            }
+        }
     };
     if !p.is_file() {
         bail!(
-            "the GPU agent library {} is missing: build it with `cargo build --release` (it sits next to the stallscope binary) or point STALLSCOPE_GPU_AGENT at it",
+            "the GPU agent library {} is missing: build it with `cargo xtask setup` (it sits next to the stallscope binary) or point STALLSCOPE_GPU_AGENT at it",
             p.display()
         );
     }
