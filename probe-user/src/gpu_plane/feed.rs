@@ -4,7 +4,7 @@
 //! Captures in progress get a copy of every event (the tap), so a deep dive of the engine
 //! needs no second agent.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use super::{summary, GpuEvent, GpuPlane};
 
@@ -16,10 +16,19 @@ const KEEP_NS: u64 = 2_000_000_000;
 /// Iterations waiting for their GPU records, at most (older ones are given up).
 const MAX_PENDING: usize = 4096;
 
+/// Recent events of one engine process, with the start of each API call by correlation id
+/// (kept as events arrive, so an iteration's figures need no pass over the buffer to build it).
+#[derive(Default)]
+struct Recent {
+    events: VecDeque<GpuEvent>,
+    api_start: HashMap<u32, u64>,
+}
+
 /// The engine's GPU agents and what they delivered.
 pub struct GpuFeed {
     planes: Vec<GpuPlane>,
-    events: VecDeque<GpuEvent>,
+    /// Per plane, in the same order.
+    recent: Vec<Recent>,
     pending: VecDeque<(u64, u64)>,
     tap: Option<BTreeMap<u32, Vec<GpuEvent>>>,
     scratch: Vec<GpuEvent>,
@@ -34,8 +43,8 @@ impl GpuFeed {
             return Err(failed.join("; "));
         }
         Ok(GpuFeed {
+            recent: planes.iter().map(|_| Recent::default()).collect(),
             planes,
-            events: VecDeque::new(),
             pending: VecDeque::new(),
             tap: None,
             scratch: Vec::new(),
@@ -54,7 +63,7 @@ impl GpuFeed {
 
     /// Moves new events in (and into the tap).
     pub fn poll(&mut self) {
-        for g in &mut self.planes {
+        for (g, recent) in self.planes.iter_mut().zip(&mut self.recent) {
             self.scratch.clear();
             g.poll(&mut self.scratch);
             if let Some(tap) = &mut self.tap {
@@ -62,7 +71,12 @@ impl GpuFeed {
                     .or_default()
                     .extend(self.scratch.iter().cloned());
             }
-            self.events.extend(self.scratch.drain(..));
+            for e in self.scratch.drain(..) {
+                if let cupti_sys::channel::Event::Api(a) = e.event {
+                    summary::note_api_start(&mut recent.api_start, a.correlation_id, a.start);
+                }
+                recent.events.push_back(e);
+            }
         }
     }
 
@@ -82,14 +96,21 @@ impl GpuFeed {
                 break;
             }
             self.pending.pop_front();
-            out.push(summary::iteration(self.events.iter(), start, end));
+            out.push(summary::iteration(
+                self.recent.iter().map(|r| (&r.events, &r.api_start)),
+                start,
+                end,
+            ));
         }
         let horizon = self
             .pending
             .front()
             .map_or(now_ns.saturating_sub(SETTLE_NS), |p| p.0)
             .saturating_sub(KEEP_NS);
-        self.events.retain(|e| event_end(e) >= horizon);
+        for r in &mut self.recent {
+            r.events.retain(|e| event_end(e) >= horizon);
+            r.api_start.retain(|_, start| *start >= horizon);
+        }
         out
     }
 

@@ -71,12 +71,7 @@ pub struct Summary {
 
 /// Summarises `events` over the window `[from, to]` (CLOCK_MONOTONIC ns).
 pub fn summarise(events: &[GpuEvent], from: u64, to: u64) -> Summary {
-    let mut api_start: HashMap<u32, u64> = HashMap::new();
-    for e in events {
-        if let Event::Api(a) = e.event {
-            api_start.entry(a.correlation_id).or_insert(a.start);
-        }
-    }
+    let api_start = api_starts(events);
     let (mut kernels, mut memcpys, mut memsets, mut syncs) = (0u64, 0u64, 0u64, 0u64);
     let mut joined = 0u64;
     let mut latency = Vec::new();
@@ -163,45 +158,64 @@ pub struct IterationGpu {
     pub launch_us: Vec<f64>,
 }
 
-/// What the GPU did during the iteration `[start, end]` (CLOCK_MONOTONIC ns), from `events`
-/// (API calls and GPU operations of the engine).
-pub fn iteration<'a>(
-    events: impl Iterator<Item = &'a GpuEvent> + Clone,
+/// Start of the launching API call of each correlation id in `events`. When a runtime call
+/// and the driver call inside it share an id, the outer (earliest) start is kept, whatever
+/// order they arrived in.
+pub fn api_starts<'a>(events: impl IntoIterator<Item = &'a GpuEvent>) -> HashMap<u32, u64> {
+    let mut starts = HashMap::new();
+    for e in events {
+        if let Event::Api(a) = e.event {
+            note_api_start(&mut starts, a.correlation_id, a.start);
+        }
+    }
+    starts
+}
+
+/// Adds one API call's start to a map built by [`api_starts`].
+pub fn note_api_start(starts: &mut HashMap<u32, u64>, correlation_id: u32, start: u64) {
+    starts
+        .entry(correlation_id)
+        .and_modify(|s| *s = (*s).min(start))
+        .or_insert(start);
+}
+
+/// What the GPU did during the iteration `[start, end]` (CLOCK_MONOTONIC ns), from the
+/// events of each engine process with its [`api_starts`] (correlation ids are per process).
+pub fn iteration<'a, E>(
+    processes: impl IntoIterator<Item = (E, &'a HashMap<u32, u64>)>,
     start: u64,
     end: u64,
-) -> IterationGpu {
-    let api: HashMap<u32, u64> = events
-        .clone()
-        .filter_map(|e| match e.event {
-            Event::Api(a) => Some((a.correlation_id, a.start)),
-            _ => None,
-        })
-        .collect();
+) -> IterationGpu
+where
+    E: IntoIterator<Item = &'a GpuEvent>,
+{
     let mut spans = Vec::new();
     let mut kernels = 0;
     let mut launch_us = Vec::new();
-    for e in events {
-        let (s, t) = match e.event {
-            Event::Kernel {
-                start: s,
-                end: t,
-                correlation_id,
-                ..
-            } => {
-                if (start..end).contains(&s) {
-                    kernels += 1;
-                    if let Some(a) = api.get(&correlation_id) {
-                        launch_us.push(s.saturating_sub(*a) as f64 / 1e3);
+    for (events, api) in processes {
+        for e in events {
+            let (s, t) = match e.event {
+                Event::Kernel {
+                    start: s,
+                    end: t,
+                    correlation_id,
+                    ..
+                } => {
+                    if (start..end).contains(&s) {
+                        kernels += 1;
+                        if let Some(a) = api.get(&correlation_id) {
+                            launch_us.push(s.saturating_sub(*a) as f64 / 1e3);
+                        }
                     }
+                    (s, t)
                 }
-                (s, t)
+                Event::Memcpy(m) => (m.start, m.end),
+                Event::Memset(m) => (m.start, m.end),
+                _ => continue,
+            };
+            if t > start && s < end {
+                spans.push((s.max(start), t.min(end)));
             }
-            Event::Memcpy(m) => (m.start, m.end),
-            Event::Memset(m) => (m.start, m.end),
-            _ => continue,
-        };
-        if t > start && s < end {
-            spans.push((s.max(start), t.min(end)));
         }
     }
     let busy = union_ns(&mut spans);
@@ -309,11 +323,32 @@ mod tests {
             kernel(3, 900, 1100, "late"),
         ];
         // Iteration [50, 1000]: busy 50..110, 130..180, 900..1000 = 210 of 950 ns.
-        let g = iteration(events.iter(), 50, 1000);
+        let g = iteration([(events.iter(), &api_starts(&events))], 50, 1000);
         assert_eq!(g.kernels, 2); // softmax and late start inside; gemm began before
         assert!((g.busy_us - 0.21).abs() < 1e-9, "{g:?}");
         assert!((g.void_ratio - (1.0 - 210.0 / 950.0)).abs() < 1e-9);
         assert_eq!(g.launch_us, vec![0.03]);
+    }
+
+    #[test]
+    fn the_outer_call_of_a_shared_correlation_id_counts_whatever_the_order() {
+        // The driver call (inside the runtime call) may be delivered first.
+        let starts = api_starts(&[api(7, 50), api(7, 20), api(8, 90)]);
+        assert_eq!(starts[&7], 20);
+        assert_eq!(starts[&8], 90);
+    }
+
+    #[test]
+    fn correlation_ids_are_joined_within_their_own_process() {
+        // Two processes both use correlation id 1; each kernel joins its own launch.
+        let a = [api(1, 0), kernel(1, 100, 200, "a")];
+        let b = [api(1, 60), kernel(1, 150, 300, "b")];
+        let (sa, sb) = (api_starts(&a), api_starts(&b));
+        let g = iteration([(a.iter(), &sa), (b.iter(), &sb)], 0, 1000);
+        assert_eq!(g.kernels, 2);
+        assert_eq!(g.launch_us, vec![0.1, 0.09]);
+        // Union of 100..200 and 150..300.
+        assert!((g.busy_us - 0.2).abs() < 1e-9, "{g:?}");
     }
 
     #[test]
