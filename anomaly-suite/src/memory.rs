@@ -2,7 +2,7 @@
 //! cgroup v2 the engine's cgroup pushed into reclaim) and allocator fragmentation.
 
 use std::{
-    sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+    sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering},
     time::{Duration, Instant},
 };
 
@@ -187,7 +187,9 @@ fn file_mappings(pid: u32) -> Vec<(u64, u64)> {
 /// pushes the engine itself into reclaim: on cgroup v2 its cgroup's memory.high is lowered
 /// below its usage; elsewhere its file-backed pages are paged out `intensity` × 10 times a
 /// second ([`Reclaim`]). The memory is taken by a thread at nice 19, so that taking it (the
-/// kernel zeroes every page) does not also contend for the engine's CPUs.
+/// kernel zeroes every page) does not also contend for the engine's CPUs; at the deadline it
+/// goes back to nice 0 to finish its last chunk at once (starved, it held the end up by
+/// seconds).
 pub fn pressure(p: &Params, stop: &AtomicBool) -> Result<String> {
     let pid = p.pid.expect("checked by Scenario::run");
     let deadline = Instant::now() + p.duration;
@@ -201,14 +203,13 @@ pub fn pressure(p: &Params, stop: &AtomicBool) -> Result<String> {
     let reclaim = high.is_none().then(|| Reclaim::open(pid));
     let reclaim_every = Duration::from_secs_f64(0.1 / p.intensity.max(0.01));
     let swap = meminfo_kib("SwapTotal:").unwrap_or(0) > 0;
-    let taken = AtomicUsize::new(0);
-    let passes = AtomicU64::new(0);
+    let progress = Taking::default();
     let (mut reclaimed, mut passes_out, mut reclaim_error) = (0u64, 0u64, None);
     let mut drops = 0;
     std::thread::scope(|scope| {
         let base = map.ptr as usize;
-        let (taken, passes) = (&taken, &passes);
-        scope.spawn(move || take_memory(base, len, swap, deadline, stop, taken, passes));
+        let progress = &progress;
+        scope.spawn(move || take_memory(base, len, swap, deadline, stop, progress));
         let mut dropped_at = Instant::now() - Duration::from_secs(1);
         let mut reclaimed_at = Instant::now() - reclaim_every;
         while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
@@ -230,6 +231,10 @@ pub fn pressure(p: &Params, stop: &AtomicBool) -> Result<String> {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+        let tid = progress.tid.load(Ordering::Relaxed);
+        if tid > 0 {
+            set_nice(tid, 0);
+        }
     });
     drop(map);
     // Exactly one of memory.high and the targeted reclaim pushed the engine.
@@ -244,7 +249,7 @@ pub fn pressure(p: &Params, stop: &AtomicBool) -> Result<String> {
         ),
     };
     drop(high);
-    let taken = taken.load(Ordering::Relaxed);
+    let taken = progress.taken.load(Ordering::Relaxed);
     if taken == 0 {
         bail!("could not take any memory (madvise MADV_POPULATE_WRITE failed)");
     }
@@ -252,8 +257,25 @@ pub fn pressure(p: &Params, stop: &AtomicBool) -> Result<String> {
         "{} MiB of anonymous memory mapped, {} MiB taken, written {} times over, page cache dropped {drops} times; {cgroup}",
         len >> 20,
         taken >> 20,
-        passes.load(Ordering::Relaxed)
+        progress.passes.load(Ordering::Relaxed)
     ))
+}
+
+/// What the taking thread of [`pressure`] reports back.
+#[derive(Default)]
+struct Taking {
+    /// Bytes taken so far.
+    taken: AtomicUsize,
+    /// Passes over the taken memory (with swap).
+    passes: AtomicU64,
+    /// The thread's tid, once it runs.
+    tid: AtomicI32,
+}
+
+/// Sets the nice value of thread `tid` of this process (best effort).
+fn set_nice(tid: libc::pid_t, nice: i32) {
+    // SAFETY: plain syscall; Linux nice values are per thread.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
 }
 
 /// The taking thread of [`pressure`]: fills `[base, base + len)` in chunks (the kernel fills
@@ -266,13 +288,14 @@ fn take_memory(
     swap: bool,
     deadline: Instant,
     stop: &AtomicBool,
-    taken: &AtomicUsize,
-    passes: &AtomicU64,
+    progress: &Taking,
 ) {
     const MADV_POPULATE_WRITE: libc::c_int = 23;
     const CHUNK: usize = 4 << 20;
-    // SAFETY: plain syscalls on the calling thread (Linux nice values are per thread).
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    progress.tid.store(tid, Ordering::Relaxed);
+    set_nice(tid, 19);
     let running = || Instant::now() < deadline && !stop.load(Ordering::Relaxed);
     let mut off = 0;
     while off < len && running() {
@@ -283,7 +306,7 @@ fn take_memory(
             break;
         }
         off += n;
-        taken.store(off, Ordering::Relaxed);
+        progress.taken.store(off, Ordering::Relaxed);
     }
     let mut page = 0usize;
     while swap && off > 0 && running() {
@@ -294,7 +317,7 @@ fn take_memory(
             page += 4096;
             if page >= off {
                 page = 0;
-                passes.fetch_add(1, Ordering::Relaxed);
+                progress.passes.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
