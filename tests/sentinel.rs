@@ -233,8 +233,15 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
         metric(&m, "stallscope_thread_seconds_total") > 0.0,
         "kernel time of the engine threads"
     );
-    // The alert starts a 3 s deep dive; the hog stays for it.
+    // The alert starts a 3 s deep dive; the hog stays for it. While the alert is open, its
+    // record counts the iterations inside it as they come.
     std::thread::sleep(Duration::from_secs(4));
+    let alerts: Value = serde_json::from_str(&http_get(d.port, "/api/v1/alerts")).unwrap();
+    let a = &alerts[0];
+    assert!(
+        a["iterations"].as_u64().unwrap() > 1,
+        "the alert's iteration count does not grow: {a}"
+    );
     drop(hog);
     let dive = d.deep_dive_done();
     println!("deep dive of the alert: {dive}");

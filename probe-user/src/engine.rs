@@ -443,6 +443,9 @@ impl Engine {
 
     fn publish_status(&mut self, shared: &Shared) {
         self.status_at = Instant::now();
+        if let Some(a) = &self.open_alert {
+            shared.keep_alert(a);
+        }
         let m = &shared.metrics;
         let pid = [self.pid_label.as_str()];
         let state = match self.sentinel.state() {

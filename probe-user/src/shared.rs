@@ -129,6 +129,18 @@ impl Shared {
 
     /// Records an alert event (`alert_start` or `alert_end`) in memory and in the log.
     pub fn alert_event(&self, event: &str, alert: &Alert) {
+        self.keep_alert(alert);
+        let mut line = serde_json::to_value(alert).expect("alerts serialise");
+        line["event"] = event.into();
+        let mut log = self.log.lock().expect("log lock");
+        if let Err(e) = writeln!(log, "{line}").and_then(|_| log.flush()) {
+            log::warn!("cannot append to the alert log: {e}");
+        }
+    }
+
+    /// Updates (or adds) an alert among the recent ones, without an alert-log line: an open
+    /// alert's iteration count as it grows.
+    pub fn keep_alert(&self, alert: &Alert) {
         let mut recent = self.alerts.lock().expect("alerts lock");
         match recent
             .iter_mut()
@@ -142,13 +154,6 @@ impl Shared {
                     recent.pop_front();
                 }
             }
-        }
-        drop(recent);
-        let mut line = serde_json::to_value(alert).expect("alerts serialise");
-        line["event"] = event.into();
-        let mut log = self.log.lock().expect("log lock");
-        if let Err(e) = writeln!(log, "{line}").and_then(|_| log.flush()) {
-            log::warn!("cannot append to the alert log: {e}");
         }
     }
 
