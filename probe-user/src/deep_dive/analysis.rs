@@ -197,7 +197,8 @@ pub struct Reference {
 }
 
 impl Reference {
-    /// The reference made of the cycles of `c` inside [from, to).
+    /// The reference made of the cycles of `c` inside [from, to) (and inside the kernel
+    /// events' complete part, [`Collected::kernel_complete_until`]).
     pub fn from_window(
         c: &Collected,
         timeline: &Timeline,
@@ -207,7 +208,12 @@ impl Reference {
     ) -> Reference {
         let anchor = anchor(c);
         let calls: &[Call] = c.python.as_ref().map_or(&[], |p| &p.calls);
-        let spans = cycles(calls, anchor.as_deref(), from, to);
+        let spans = cycles(
+            calls,
+            anchor.as_deref(),
+            from,
+            to.min(c.kernel_complete_until()),
+        );
         Reference {
             cycles: features(c, timeline, &spans, anchor.as_deref()),
             mean_cycle_ms: mean_ms(&spans),
@@ -450,11 +456,12 @@ pub fn category(s: &Suspect) -> String {
 /// |Z_β| below which the top suspect is reported as no real change.
 const SIGNIFICANT_Z: f64 = 2.0;
 
-/// Ranks the cycles of `c` in [from, end) against `reference`.
+/// Ranks the cycles of `c` in [from, end) against `reference` (end: where its kernel events
+/// stop being complete, [`Collected::kernel_complete_until`]).
 pub fn root_cause(c: &Collected, timeline: &Timeline, reference: &Reference, from: u64) -> Report {
     let anchor = anchor(c);
     let calls: &[Call] = c.python.as_ref().map_or(&[], |p| &p.calls);
-    let anomalous = cycles(calls, anchor.as_deref(), from, c.end_ns);
+    let anomalous = cycles(calls, anchor.as_deref(), from, c.kernel_complete_until());
     let fa = features(c, timeline, &anomalous, anchor.as_deref());
     let (suspects, telemetry) = root_cause::rank(&reference.cycles, &fa, resources);
     let significant = suspects

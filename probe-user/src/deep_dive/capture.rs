@@ -111,6 +111,22 @@ pub struct Collected {
 }
 
 impl Collected {
+    /// Until when the kernel events are complete: the window's end, or, when the event budget
+    /// ran out, the last event kept (everything after it was dropped). Cycles past it would
+    /// look as if the engine's threads had no states or syscalls at all, so the ranking stops
+    /// there.
+    pub fn kernel_complete_until(&self) -> u64 {
+        if self.kernel_over_budget == 0 {
+            return self.end_ns;
+        }
+        self.kernel
+            .iter()
+            .map(|e| e.ts_ns)
+            .max()
+            .unwrap_or(self.start_ns)
+            .clamp(self.start_ns, self.end_ns)
+    }
+
     /// The earliest captured datum after the trigger (kernel event, telemetry sample or
     /// Python call), ns.
     pub fn first_event_ns(&self) -> Option<u64> {
@@ -393,7 +409,7 @@ impl Running {
         );
         if store.over_budget > 0 {
             self.notes.push(format!(
-                "{} kernel events over the budget of {} were dropped (raise --max-events)",
+                "{} kernel events over the budget of {} were dropped (raise --max-events); the ranking uses the cycles before the first of them",
                 store.over_budget, self.opts.max_events
             ));
         }
@@ -479,4 +495,43 @@ fn start_stack_sampler(pid: u32, hz: f64, notes: &mut Vec<String>) -> Option<Sta
         })
         .expect("spawning the stack sampler thread");
     Some((stop, handle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collected(ts: &[u64], over_budget: u64) -> Collected {
+        Collected {
+            pid: 1,
+            trigger_ns: 100,
+            start_ns: 100,
+            end_ns: 1000,
+            kernel: ts
+                .iter()
+                .map(|&ts_ns| Event {
+                    ts_ns,
+                    ..Event::default()
+                })
+                .collect(),
+            kernel_over_budget: over_budget,
+            kernel_lost: 0,
+            python: None,
+            stacks: Vec::new(),
+            stack_errors: 0,
+            telemetry: Telemetry::default(),
+            gpu: BTreeMap::new(),
+            processes: BTreeMap::new(),
+            threads: BTreeMap::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn kernel_events_are_complete_until_the_budget_ran_out() {
+        // Arrival order is not time order across CPUs: the latest kept event counts.
+        assert_eq!(collected(&[150, 300, 200], 0).kernel_complete_until(), 1000);
+        assert_eq!(collected(&[150, 300, 200], 5).kernel_complete_until(), 300);
+        assert_eq!(collected(&[], 5).kernel_complete_until(), 100);
+    }
 }
