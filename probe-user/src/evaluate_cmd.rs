@@ -260,8 +260,26 @@ fn evaluate(
         scenarios.len(),
         args.trials
     );
-    // Settle, and let the first normal reference be recorded.
+    // Settle, and with deep dives let the first normal reference be recorded (the trials'
+    // root causes are ranked against it).
     std::thread::sleep(Duration::from_secs(10));
+    if args.deep_dives {
+        let log = state.join("daemon.log");
+        let t = std::time::Instant::now();
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("normal reference recorded")
+        {
+            if t.elapsed() > REFERENCE_WAIT {
+                warn!(
+                    "no normal reference within {REFERENCE_WAIT:?} of the fit (see {}): the deep dives will have nothing to compare with",
+                    log.display()
+                );
+                break;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let exe_s = exe.display().to_string();
     let cpus = forward_cpus(engine_pid as u32)
@@ -379,12 +397,18 @@ fn evaluation_config(state: &Path, port: u16, deep_dives: bool) -> String {
         )
         .replace("refit_every = 5000", "refit_every = 0")
         .replace("on_alert = true", "on_alert = false")
-        .replace("max_per_hour = 6", "max_per_hour = 1000");
+        .replace("max_per_hour = 6", "max_per_hour = 1000")
+        // The trials follow each other within seconds: the reference is taken right after the
+        // fit, as soon as the engine has been healthy for 2 s.
+        .replace("reference_settle = \"30s\"", "reference_settle = \"2s\"");
     if !deep_dives {
         cfg = cfg.replace("reference_every = \"10m\"", "reference_every = \"1000h\"");
     }
     cfg
 }
+
+/// Longest wait for the first normal reference after the fit.
+const REFERENCE_WAIT: Duration = Duration::from_secs(120);
 
 /// POSTs a deep dive of the injection; its id.
 fn request_deep_dive(port: u16, pid: u64) -> Option<u64> {
@@ -633,4 +657,31 @@ fn markdown(
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_evaluation_config_changes_every_setting_it_means_to() {
+        // Each replacement matches the embedded default's text (a reworded default would
+        // silently leave the daemon's setting in place).
+        let cfg = evaluation_config(Path::new("/tmp/eval-state"), 4321, true);
+        for line in [
+            "listen = \"127.0.0.1:4321\"",
+            "dir = \"/tmp/eval-state\"",
+            "iterations_csv = \"/tmp/eval-state/iterations.csv\"",
+            "refit_every = 0",
+            "on_alert = false",
+            "max_per_hour = 1000",
+            "reference_settle = \"2s\"",
+            "reference_every = \"10m\"",
+        ] {
+            assert!(cfg.contains(line), "{line} missing");
+        }
+        let cfg = evaluation_config(Path::new("/tmp/eval-state"), 4321, false);
+        assert!(cfg.contains("reference_every = \"1000h\""));
+        crate::config::Config::parse(&cfg, "evaluation").expect("the evaluation config parses");
+    }
 }
