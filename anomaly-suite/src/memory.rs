@@ -130,11 +130,12 @@ impl Reclaim {
         let mut done = 0u64;
         let mut error = None;
         for (pid, fd) in &self.targets {
-            let iov: Vec<libc::iovec> = file_mappings(*pid)
+            let iov: Vec<libc::iovec> = pyframe_tracer::maps::read(*pid as i32)
+                .unwrap_or_default()
                 .into_iter()
-                .map(|(start, end)| libc::iovec {
-                    iov_base: start as *mut libc::c_void,
-                    iov_len: (end - start) as usize,
+                .map(|m| libc::iovec {
+                    iov_base: m.start as *mut libc::c_void,
+                    iov_len: (m.end - m.start) as usize,
                 })
                 .collect();
             // UIO_MAXIOV ranges per call.
@@ -159,27 +160,6 @@ impl Reclaim {
         }
         (done, error)
     }
-}
-
-/// The file-backed mappings of `pid` (start, end).
-fn file_mappings(pid: u32) -> Vec<(u64, u64)> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    maps.lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (range, _perms, _off, _dev, inode) =
-                (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
-            let path = f.next()?;
-            if inode == "0" || !path.starts_with('/') {
-                return None;
-            }
-            let (a, b) = range.split_once('-')?;
-            Some((
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-            ))
-        })
-        .collect()
 }
 
 /// Takes `intensity` × 80 % of MemAvailable (with swap, keeps its pages recently used), drops

@@ -337,9 +337,7 @@ impl Daemon<'_> {
 
     /// Hands a finished capture to a writer thread.
     fn finish(&mut self, job: Job, plane: &mut KernelPlane) {
-        self.mark.enter(Phase::CaptureFinish);
-        *self.shared.capture.lock().expect("capture lock") = None;
-        self.stop_tap(job.pid);
+        self.end_capture(job.pid);
         let dd = &self.cfg.deep_dive;
         self.writers.retain(|w| !w.is_finished());
         if let Some(w) = job.finish(
@@ -359,12 +357,18 @@ impl Daemon<'_> {
             matches!(j.purpose, Purpose::Reference) && pid.is_none_or(|p| j.pid == p)
         }) {
             let job = self.job.take().expect("checked");
-            self.mark.enter(Phase::CaptureFinish);
-            *self.shared.capture.lock().expect("capture lock") = None;
-            self.stop_tap(job.pid);
+            self.end_capture(job.pid);
             self.reference_at.remove(&job.pid);
             job.abandon(plane);
         }
+    }
+
+    /// What stopping a capture of engine `pid` takes on the daemon's side, finished or
+    /// abandoned: the watchdog's phase, the status, the engine's tap.
+    fn end_capture(&mut self, pid: u32) {
+        self.mark.enter(Phase::CaptureFinish);
+        *self.shared.capture.lock().expect("capture lock") = None;
+        self.stop_tap(pid);
     }
 
     fn stop_tap(&mut self, pid: u32) {

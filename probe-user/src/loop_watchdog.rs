@@ -110,13 +110,10 @@ pub fn start() -> std::io::Result<(Marker, Watchdog)> {
     let state = Arc::new(State {
         since_ns: AtomicU64::new(clock::monotonic_ns()),
         phase: AtomicU8::new(Phase::Idle as u8),
-        tid: AtomicU64::new(u64::from(std::process::id())),
+        // SAFETY: gettid has no preconditions.
+        tid: AtomicU64::new(unsafe { libc::gettid() } as u64),
         stop: AtomicBool::new(false),
     });
-    // SAFETY: gettid has no preconditions.
-    state
-        .tid
-        .store(unsafe { libc::gettid() } as u64, Ordering::Relaxed);
     let watched = state.clone();
     let handle = std::thread::Builder::new()
         .name("stallscope-watchdog".into())
