@@ -105,7 +105,7 @@ fn trace_is_valid_aligned_and_a_cpu_hog_ranks_first() {
     let aligned = normal
         .iter()
         .filter(|s| {
-            let covered = ["running", "runnable", "sleeping", "blocked (D)"]
+            let covered = ["running", "runnable", "yielded", "sleeping", "blocked (D)"]
                 .iter()
                 .map(|n| overlap(&d, state.uuid, n, s.start, s.end))
                 .sum::<u64>();

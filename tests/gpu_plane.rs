@@ -2,7 +2,9 @@
 //! (CI has no GPU; `cargo xtask gpu-check` is the real-GPU counterpart): the agent is loaded
 //! at a safe point, CUPTI records come through the channel joined to their launching calls,
 //! CUPTI's clock lands on CLOCK_MONOTONIC within the target's own stamps, and detaching gives
-//! CUPTI back and unloads the agent. Plus the clear failures: a held subscriber slot, no
+//! CUPTI back and unloads the agent, whether it shares CUPTI with another tool (CUPTI >= 13.3)
+//! or holds it alone (older CUPTI, or a driver that cannot share). Plus the clear failures: a
+//! subscriber slot held by a tool that does not share, no
 //! libcupti, not a Python process. A deep dive of such a process carries its GPU tracks, and
 //! the daemon's sentinel reports each iteration's GPU busy time and void share.
 
@@ -46,14 +48,17 @@ struct Target {
 }
 
 impl Target {
-    fn start(name: &str, held: bool) -> Target {
+    /// Starts the loop; `hold` is gpu_loop.py's "held" or "shared" (another tool's hold on
+    /// CUPTI), and `env` sets the stand-in's variables.
+    fn start(name: &str, hold: Option<&str>, env: &[(&str, &str)]) -> Target {
         let dir = tmpdir(name);
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/gpu_loop.py");
         let mut cmd = Command::new(python("3.12"));
-        cmd.arg(script).arg(standin(&dir)).stdout(Stdio::piped());
-        if held {
-            cmd.arg("held");
-        }
+        cmd.arg(script)
+            .arg(standin(&dir))
+            .args(hold)
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped());
         let mut proc = Proc::spawn(&mut cmd);
         let mut out = BufReader::new(proc.0.stdout.take().unwrap());
         let mut first = String::new();
@@ -137,7 +142,7 @@ fn nothing_left(t: &Target) {
 #[test]
 fn traces_a_live_process_and_gives_everything_back() {
     require_root();
-    let t = Target::start("gpu-trace", false);
+    let t = Target::start("gpu-trace", None, &[]);
     assert_eq!(
         t.state_after(Duration::from_millis(200)),
         0,
@@ -170,6 +175,7 @@ fn traces_a_live_process_and_gives_everything_back() {
     assert!(r["clock"]["samples"].as_u64().unwrap() >= 2, "{r}");
     assert_eq!(r["lost_events"], 0);
     assert_eq!(r["cupti_version"], 130500);
+    assert_eq!(r["subscription"], "shared (multi-subscriber)", "{r}");
     assert_eq!(r["agent_unloaded"], true, "{r}");
     // The agent built for old glibc is the one loaded (see old_glibc_agent_...).
     assert!(
@@ -265,7 +271,7 @@ fn kernel_calls(d: &perfetto_writer::read::Decoded, tid: u32) -> (usize, Vec<(&S
 #[test]
 fn deep_dives_carry_the_gpu_tracks() {
     require_root();
-    let t = Target::start("gpu-dive", false);
+    let t = Target::start("gpu-dive", None, &[]);
     let dir = tmpdir("gpu-dive-out");
     let trace = dir.join("dive.pftrace");
     let out = stallscope_standin()
@@ -298,7 +304,7 @@ fn deep_dives_carry_the_gpu_tracks() {
 #[test]
 fn the_sentinel_measures_gpu_time_per_iteration() {
     require_root();
-    let t = Target::start("gpu-sentinel", false);
+    let t = Target::start("gpu-sentinel", None, &[]);
     let dir = tmpdir("gpu-sentinel-state");
     let port = free_port();
     let cfg = dir.join("config.toml");
@@ -393,10 +399,13 @@ fn the_sentinel_measures_gpu_time_per_iteration() {
     nothing_left(&t);
 }
 
+/// Bit 4 of the stand-in's state: another tool holds CUPTI.
+const OTHER_TOOL: u64 = 1 << 4;
+
 #[test]
 fn a_held_subscriber_slot_is_reported_not_fought() {
     require_root();
-    let t = Target::start("gpu-held", true);
+    let t = Target::start("gpu-held", Some("held"), &[]);
     let e = expect_failure(stallscope_standin().args([
         "gpu",
         "--pid",
@@ -408,11 +417,68 @@ fn a_held_subscriber_slot_is_reported_not_fought() {
         e.contains("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"),
         "{e}"
     );
-    assert!(e.contains("torch.profiler"), "{e}");
+    // CUPTI >= 13.3 names the holder.
+    assert!(e.contains("\"torch.profiler (Kineto)\" holds"), "{e}");
     let last = e.trim().lines().last().unwrap_or_default();
     assert!(last.starts_with("error: no GPU plane for process"), "{e}");
-    assert_eq!(t.state_after(Duration::from_millis(200)), 0);
+    // Nothing of ours in CUPTI; the other tool still holds it.
+    assert_eq!(t.state_after(Duration::from_millis(200)), OTHER_TOOL);
     nothing_left(&t);
+}
+
+#[test]
+fn a_slot_shared_by_another_tool_is_shared_and_left_to_it() {
+    require_root();
+    let t = Target::start("gpu-shared", Some("shared"), &[]);
+    for attach in ["first", "again"] {
+        let out = gpu(t.pid(), &[]);
+        assert!(
+            out.status.success(),
+            "{attach}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["subscription"], "shared (multi-subscriber)", "{r}");
+        assert!(r["summary"]["kernels"].as_u64().unwrap() > 200, "{r}");
+        assert_eq!(r["summary"]["correlated_pct"], 100.0, "{r}");
+        assert_eq!(r["agent_unloaded"], true, "{r}");
+        // Our subscriber, its callbacks and kinds are gone, CUPTI was not finalized under the
+        // other tool, whose hold is intact.
+        assert_eq!(t.state_after(Duration::from_millis(300)), OTHER_TOOL);
+        nothing_left(&t);
+    }
+}
+
+#[test]
+fn older_cupti_and_drivers_that_cannot_share_are_traced_alone() {
+    require_root();
+    for (env, version, mode) in [
+        (
+            ("STALLSCOPE_STANDIN_CUPTI_VERSION", "130000"),
+            130000,
+            "classic (single subscriber)",
+        ),
+        (
+            ("STALLSCOPE_STANDIN_NO_SHARING", "1"),
+            130500,
+            "exclusive (per-subscriber API, sharing not available)",
+        ),
+    ] {
+        let t = Target::start("gpu-alone", None, &[env]);
+        let out = gpu(t.pid(), &[]);
+        assert!(
+            out.status.success(),
+            "{env:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["cupti_version"], version, "{r}");
+        assert_eq!(r["subscription"], mode, "{r}");
+        assert!(r["summary"]["kernels"].as_u64().unwrap() > 200, "{r}");
+        assert_eq!(r["summary"]["correlated_pct"], 100.0, "{r}");
+        assert_eq!(t.state_after(Duration::from_millis(300)), 0, "{env:?}");
+        nothing_left(&t);
+    }
 }
 
 /// The highest `GLIBC_x.y[.z]` symbol version named in an ELF file's strings.

@@ -4,7 +4,7 @@
 //! test is tests/sentinel_vllm.rs.
 
 use std::{
-    io::Write,
+    io::{Read, Write},
     net::{TcpListener, TcpStream},
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
@@ -16,8 +16,8 @@ use serde_json::Value;
 
 mod common;
 use common::{
-    expect_failure, expect_success, free_port, http_get, http_request, python_check, require_root,
-    stallscope, start_engine, start_hog, tmpdir, Proc,
+    expect_failure, expect_success, free_port, http_get, http_request, python, python_check,
+    require_root, stallscope, start_engine, start_hog, tmpdir, Proc,
 };
 use perfetto_writer::read;
 
@@ -204,8 +204,15 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
     assert!(ucl > 0.0 && ucl <= 0.5, "{e}");
     // Once fitted and healthy, the engine gets its normal reference for deep dives.
     d.wait_for("normal reference", Duration::from_secs(30), |d| {
-        d.log().contains("normal reference recorded")
+        !d.status()["normal_references"][pid.to_string()].is_null()
     });
+    let reference = &d.status()["normal_references"][pid.to_string()];
+    assert!(reference["cycles"].as_u64().unwrap() > 100, "{reference}");
+    assert!(
+        reference["mean_cycle_ms"].as_f64().unwrap() > 0.0,
+        "{reference}"
+    );
+    assert!(d.log().contains("normal reference recorded"), "{}", d.log());
     // Steady: no alert.
     std::thread::sleep(Duration::from_secs(5));
     let alerts: Value = serde_json::from_str(&http_get(d.port, "/api/v1/alerts")).unwrap();
@@ -463,6 +470,69 @@ fn engine_exit_is_survived_and_sigterm_exits_cleanly() {
     // Still serving.
     assert!(http_get(d.port, "/metrics").contains("stallscope_"));
     assert!(d.stop().success(), "{}", d.log());
+}
+
+#[test]
+fn an_engine_stuck_in_a_c_call_does_not_hold_up_the_others() {
+    require_root();
+    let dir = tmpdir("stuck");
+    let engine = start_engine();
+    // A Python process whose main thread sleeps in C: the probes' attach waits for it to
+    // reach the eval loop and gives up after a few seconds, again every retry.
+    let mut stuck = Proc::spawn(
+        Command::new(python("3.12"))
+            .args([
+                "-c",
+                "import time; print('ready', flush=True); time.sleep(3600)",
+                "stallscope-stuck-engine",
+            ])
+            .stdout(Stdio::piped()),
+    );
+    let mut first = [0u8; 5];
+    stuck
+        .0
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
+    let port = free_port();
+    // Both found by pattern (an explicit pid list would turn the patterns off).
+    let cfg = config(&dir, engine.0.id(), port, 100_000);
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace(&format!("pids = [{}]", engine.0.id()), "pids = []")
+        .replace(
+            "engine_patterns = []",
+            "engine_patterns = [\"py_engine.py\", \"stallscope-stuck-engine\"]",
+        );
+    std::fs::write(&cfg, text).unwrap();
+    let mut d = Daemon::start_with(&dir, port, cfg);
+    let stuck_pid = stuck.0.id().to_string();
+    d.wait_for(
+        "the stuck engine's failed attach",
+        Duration::from_secs(40),
+        |d| {
+            d.log().contains("did not reach the Python eval loop")
+                && d.status()["engines"]
+                    .as_array()
+                    .is_some_and(|e| e.iter().any(|e| e["pid"] == engine.0.id()))
+        },
+    );
+    // The toy engine keeps being served while the other's attach waits and is retried.
+    let iterations = || -> u64 {
+        let e = d.engine().unwrap();
+        e["iterations"]
+            .as_object()
+            .map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
+    };
+    let before = iterations();
+    std::thread::sleep(Duration::from_secs(12));
+    assert!(iterations() > before + 1000, "{}", d.log());
+    let log = d.log();
+    assert!(!log.contains("held up"), "the loop was held up:\n{log}");
+    assert!(log.contains(&stuck_pid), "{log}");
+    assert!(d.stop().success(), "{log}");
 }
 
 #[test]

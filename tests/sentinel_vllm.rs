@@ -318,6 +318,17 @@ fn sentinel_on_real_vllm() {
         .iter()
         .filter(|r| r.decode)
         .count() as f64;
+    // No row since the fit means the daemon stopped following the engine (CI saw this once):
+    // say what the daemon and the engine were doing.
+    assert!(
+        decode_in_window > 0.0,
+        "no decode iteration exported in the {:?} after the fit ({} engine log lines meanwhile)\nstatus: {}\nvLLM steps per second, last 30 s: {:?}\ndaemon log:\n{}",
+        steady(),
+        timed.len().saturating_sub(log_at_fit),
+        http_get(port, "/api/v1/status"),
+        steps_per_second(&log_path, 30),
+        std::fs::read_to_string(&daemon_log).unwrap_or_default()
+    );
     let rate = flagged as f64 / decode_in_window;
     println!(
         "steady load: {} alerts, {flagged} of {decode_in_window} decode iterations flagged ({:.2} %)",

@@ -14,6 +14,14 @@ use crate::{hold, threads, Params};
 /// pushed into the OOM killer).
 const MAX_SHARE: f64 = 0.8;
 
+/// MemAvailable the taking thread always leaves (bytes): what it took is only ever part of
+/// the pressure, and near zero the kernel thrashes on file pages and a 4 MiB chunk can take
+/// seconds, holding the injection past its deadline.
+fn memory_floor() -> u64 {
+    let total = meminfo_kib("MemTotal:").unwrap_or(0) << 10;
+    (1u64 << 30).max(total / 20)
+}
+
 fn meminfo_kib(key: &str) -> Option<u64> {
     std::fs::read_to_string("/proc/meminfo")
         .ok()?
@@ -123,9 +131,10 @@ impl Reclaim {
         Reclaim { targets }
     }
 
-    /// Pages out every file-backed mapping once; returns the bytes the kernel reclaimed
-    /// (process_madvise's result) and the first error, if any.
-    fn pass(&self) -> (u64, Option<std::io::Error>) {
+    /// Pages out every file-backed mapping once (stopping at `deadline`: a pass over a busy
+    /// engine can take seconds); returns the bytes the kernel reclaimed (process_madvise's
+    /// result) and the first error, if any.
+    fn pass(&self, deadline: Instant) -> (u64, Option<std::io::Error>) {
         use std::os::fd::AsRawFd;
         let mut done = 0u64;
         let mut error = None;
@@ -140,6 +149,9 @@ impl Reclaim {
                 .collect();
             // UIO_MAXIOV ranges per call.
             for chunk in iov.chunks(1024) {
+                if Instant::now() >= deadline {
+                    return (done, error);
+                }
                 // SAFETY: the iovecs describe ranges of the target, never dereferenced here.
                 let r = unsafe {
                     libc::syscall(
@@ -203,7 +215,7 @@ pub fn pressure(p: &Params, stop: &AtomicBool) -> Result<String> {
                 .as_ref()
                 .filter(|_| reclaimed_at.elapsed() >= reclaim_every)
             {
-                let (n, e) = r.pass();
+                let (n, e) = r.pass(deadline);
                 reclaimed += n;
                 passes_out += 1;
                 reclaim_error = reclaim_error.take().or(e);
@@ -259,7 +271,8 @@ fn set_nice(tid: libc::pid_t, nice: i32) {
 }
 
 /// The taking thread of [`pressure`]: fills `[base, base + len)` in chunks (the kernel fills
-/// a chunk's pages without a fault per page; this VM hands out a few hundred MB a second),
+/// a chunk's pages without a fault per page; this VM hands out a few hundred MB a second)
+/// while MemAvailable stays above [`memory_floor`],
 /// then, with swap, keeps the pages recently used (paced: 16 MiB every 10 ms). Without swap
 /// anonymous pages cannot be reclaimed: holding them is the pressure.
 fn take_memory(
@@ -277,8 +290,12 @@ fn take_memory(
     progress.tid.store(tid, Ordering::Relaxed);
     set_nice(tid, 19);
     let running = || Instant::now() < deadline && !stop.load(Ordering::Relaxed);
+    let floor = memory_floor();
     let mut off = 0;
-    while off < len && running() {
+    while off < len
+        && running()
+        && meminfo_kib("MemAvailable:").is_some_and(|kib| kib << 10 > floor)
+    {
         let n = CHUNK.min(len - off);
         // SAFETY: [off, off + n) lies inside the mapping, which outlives this thread.
         if unsafe { libc::madvise((base + off) as *mut libc::c_void, n, MADV_POPULATE_WRITE) } != 0

@@ -8,9 +8,8 @@ use std::{collections::HashMap, panic::catch_unwind, sync::Mutex, sync::RwLock};
 
 use cupti_sys::{
     channel::{Channel, Event},
-    library::Cupti,
     record::{self, Activity},
-    result,
+    subscription::RecordReader,
 };
 
 /// Bytes of each buffer handed to CUPTI.
@@ -18,12 +17,8 @@ const BUFFER_BYTES: usize = 4 << 20;
 /// CUPTI requires 8-byte aligned buffers.
 const BUFFER_ALIGN: usize = 8;
 
-type NextRecord = unsafe extern "C" fn(*mut u8, usize, *mut *mut u8) -> u32;
-type Dropped = unsafe extern "C" fn(*mut libc::c_void, u32, *mut usize) -> u32;
-
 struct State {
-    next_record: NextRecord,
-    dropped: Option<Dropped>,
+    reader: RecordReader,
     channel: Channel,
     /// Kernel names already sent, by content.
     names: Mutex<HashMap<Vec<u8>, u32>>,
@@ -31,17 +26,16 @@ struct State {
 
 static STATE: RwLock<Option<State>> = RwLock::new(None);
 
-/// Makes the callbacks forward into the channel mapped at `channel`.
-pub fn install(cupti: Cupti, channel: &Channel) -> Cupti {
+/// Makes the callbacks forward the records `reader` walks into the channel mapped at
+/// `channel`.
+pub fn install(reader: RecordReader, channel: &Channel) {
     let state = State {
-        next_record: cupti.activity_get_next_record,
-        dropped: cupti.activity_get_num_dropped_records,
+        reader,
         // SAFETY: `uninstall` runs before the agent unmaps the channel.
         channel: unsafe { channel.alias() },
         names: Mutex::new(HashMap::new()),
     };
     *STATE.write().unwrap_or_else(|p| p.into_inner()) = Some(state);
-    cupti
 }
 
 /// Stops forwarding; returns once no callback is inside the channel.
@@ -75,10 +69,20 @@ pub unsafe extern "C" fn buffer_requested(buffer: *mut *mut u8, size: *mut usize
     });
 }
 
+/// `CUpti_BuffersCallbackRequestFunc_v2`: the same for a per-subscriber registration.
+pub unsafe extern "C" fn buffer_requested_v2(
+    buffer: *mut *mut u8,
+    size: *mut usize,
+    max: *mut usize,
+    _info: *mut libc::c_void,
+) {
+    buffer_requested(buffer, size, max);
+}
+
 /// `CUpti_BuffersCallbackCompleteFunc`: forwards a buffer's records and frees it.
 pub unsafe extern "C" fn buffer_completed(
-    context: *mut libc::c_void,
-    stream_id: u32,
+    _context: *mut libc::c_void,
+    _stream_id: u32,
     buffer: *mut u8,
     size: usize,
     valid: usize,
@@ -86,12 +90,9 @@ pub unsafe extern "C" fn buffer_completed(
     let _ = catch_unwind(|| {
         if let Some(s) = STATE.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
             s.forward(buffer, valid);
-            if let Some(dropped) = s.dropped {
-                let mut n = 0usize;
-                // SAFETY: documented signature; `n` outlives the call.
-                if unsafe { dropped(context, stream_id, &mut n) } == result::SUCCESS && n > 0 {
-                    s.channel.add_cupti_dropped(n as u64);
-                }
+            let n = s.reader.dropped();
+            if n > 0 {
+                s.channel.add_cupti_dropped(n as u64);
             }
         }
     });
@@ -101,15 +102,23 @@ pub unsafe extern "C" fn buffer_completed(
     }
 }
 
+/// `CUpti_BuffersCallbackCompleteFunc_v2`: the same for a per-subscriber registration.
+pub unsafe extern "C" fn buffer_completed_v2(
+    buffer: *mut u8,
+    size: usize,
+    valid: usize,
+    _info: *mut libc::c_void,
+) {
+    buffer_completed(std::ptr::null_mut(), 0, buffer, size, valid);
+}
+
 impl State {
     fn forward(&self, buffer: *mut u8, valid: usize) {
         let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
         let mut rec: *mut u8 = std::ptr::null_mut();
         loop {
-            // SAFETY: documented iteration over a buffer CUPTI completed.
-            if unsafe { (self.next_record)(buffer, valid, &mut rec) } != result::SUCCESS
-                || rec.is_null()
-            {
+            // SAFETY: a buffer CUPTI completed for this subscription.
+            if !unsafe { self.reader.next(buffer, valid, &mut rec) } {
                 break;
             }
             // SAFETY: a record is at least as long as its kind's fields (CUPTI 12.9+ layouts).

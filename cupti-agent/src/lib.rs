@@ -4,11 +4,11 @@
 //! Its constructor only starts a thread ([`stallscope_gpu_agent_start`] does the same for a
 //! re-attach while the library is still loaded). The thread maps the channel the daemon
 //! created (`/dev/shm/stallscope-gpu-<pid>`; without it the thread just ends), loads the
-//! process's own libcupti, subscribes (a slot held by another tool is reported, never
-//! fought), enables kernel, memcpy, memset, runtime/driver API, synchronization and
+//! process's own libcupti, subscribes (sharing CUPTI with other tools where CUPTI >= 13.3
+//! can; a slot held by a tool that does not share is reported, never fought), enables kernel, memcpy, memset, runtime/driver API, synchronization and
 //! external-correlation records, and forwards them through the channel with clock
 //! calibration samples. When the daemon asks to detach, or stops beating for 30 s, it
-//! disables, flushes, unsubscribes and finalizes CUPTI, then ends, after which the library
+//! disables, flushes and unsubscribes (and finalizes CUPTI unless it shares it), then ends, after which the library
 //! can be unloaded. Nothing here panics across FFI: every entry point catches unwinds.
 
 mod forward;
@@ -24,7 +24,7 @@ use cupti_sys::{
     channel::{control, state, Channel, Event},
     kind,
     library::Cupti,
-    result::check,
+    subscription::{self, Subscription},
     FLUSH_FORCED,
 };
 
@@ -122,43 +122,36 @@ unsafe extern "C" fn ignore_callback(_: *mut libc::c_void, _: u32, _: u32, _: *c
 fn trace(channel: &Channel) -> Result<(), String> {
     let cupti = Cupti::load().map_err(|e| e.to_string())?;
     channel.set_cupti_version(cupti.version().unwrap_or(0));
-    let mut handle = std::ptr::null_mut();
-    // SAFETY: documented signature; the callback ignores everything.
-    check("cuptiSubscribe", unsafe {
-        (cupti.subscribe)(&mut handle, ignore_callback, std::ptr::null_mut())
-    })
-    .map_err(|e| e.to_string())?;
-    let cupti = forward::install(cupti, channel);
+    let sub = subscription::subscribe(&cupti, ignore_callback, c"stallscope")
+        .map_err(|e| e.to_string())?;
+    channel.set_subscription(sub.mode().code());
+    forward::install(sub.reader(), channel);
     let mut enabled = Vec::new();
-    let outcome = run(&cupti, channel, &mut enabled);
+    let outcome = run(&cupti, &sub, channel, &mut enabled);
     // Give everything back, whatever happened.
     for k in enabled.iter().rev() {
-        // SAFETY: documented signature.
-        unsafe { (cupti.activity_disable)(*k) };
+        sub.disable(*k);
     }
-    // SAFETY: documented signatures; the forced flush delivers the last buffers to us.
-    unsafe {
-        (cupti.activity_flush_all)(FLUSH_FORCED);
-        (cupti.unsubscribe)(handle);
-        if let Some(finalize) = cupti.finalize {
-            finalize();
-        }
-    }
+    // SAFETY: documented signature; the forced flush delivers the last buffers to us.
+    unsafe { (cupti.activity_flush_all)(FLUSH_FORCED) };
+    sub.unsubscribe();
     forward::uninstall();
     outcome
 }
 
-fn run(cupti: &Cupti, channel: &Channel, enabled: &mut Vec<u32>) -> Result<(), String> {
-    // SAFETY: documented signature; both callbacks are ours and catch unwinds.
-    check("cuptiActivityRegisterCallbacks", unsafe {
-        (cupti.activity_register_callbacks)(forward::buffer_requested, forward::buffer_completed)
-    })
+fn run(
+    cupti: &Cupti,
+    sub: &Subscription,
+    channel: &Channel,
+    enabled: &mut Vec<u32>,
+) -> Result<(), String> {
+    sub.register_callbacks(
+        (forward::buffer_requested, forward::buffer_completed),
+        (forward::buffer_requested_v2, forward::buffer_completed_v2),
+    )
     .map_err(|e| e.to_string())?;
     for (i, k) in KINDS.iter().enumerate() {
-        // SAFETY: documented signature.
-        match check("cuptiActivityEnable", unsafe {
-            (cupti.activity_enable)(*k)
-        }) {
+        match sub.enable(*k) {
             Ok(()) => enabled.push(*k),
             Err(e) if i == 0 => return Err(format!("{e} for kernel records")),
             Err(_) => {}

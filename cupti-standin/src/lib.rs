@@ -1,13 +1,17 @@
 //! A stand-in for libcupti.so.13 where no GPU can exist (CI): the entry points the agent calls,
-//! with CUPTI's semantics as documented (one subscriber; records delivered through the
-//! registered buffer callbacks, kernels only once they have finished, everything on a forced
+//! with CUPTI's semantics as documented (one classic subscriber, or several through
+//! `cuptiSubscribe_v2` when each allows the others, with the per-subscriber `*_v2` activity
+//! calls; records delivered through the registered buffer callbacks, kernels only once they have finished, everything on a forced
 //! flush; `cuptiActivityGetNextRecord` walks CUPTI 13 record sizes; timestamps on
 //! CLOCK_REALTIME, CUPTI's default clock on Linux x86-64), and records written in the real
 //! layouts by `cupti_sys::record::encode`.
 //!
 //! Instead of CUDA work, a test target calls the `stallscope_standin_*` hooks (through
 //! ctypes): a kernel launch, a copy, a stream synchronize (which really waits for the
-//! simulated stream), or holding the subscriber slot as another tool would.
+//! simulated stream), or holding the subscriber slot as another tool would. The environment
+//! variable `STALLSCOPE_STANDIN_CUPTI_VERSION` makes it report an older `CUPTI_API_VERSION`
+//! (below 130300 it has no `*_v2` API, as CUPTI 13.0 has none), and
+//! `STALLSCOPE_STANDIN_NO_SHARING=1` plays a driver that cannot share CUPTI.
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -24,6 +28,12 @@ use cupti_sys::{
 
 /// `CUPTI_API_VERSION` of CUPTI 13.5, whose record sizes the stand-in writes.
 const API_VERSION: u32 = 130500;
+/// The handle of our subscriber (CUPTI's handles are opaque pointers).
+static SUBSCRIBER: u8 = 0;
+/// `CUPTI_ERROR_API_NOT_IMPLEMENTED`.
+const API_NOT_IMPLEMENTED: CuptiResult = 11;
+/// `CUPTI_ERROR_INVALID_KIND`.
+const INVALID_KIND: CuptiResult = 21;
 /// Bytes the stand-in asks its buffers to hold at least.
 const MIN_BUFFER: usize = 256;
 /// Runtime API callback ids (`CUpti_runtime_api_trace_cbid`).
@@ -35,12 +45,90 @@ const LAUNCH_LATENCY_NS: u64 = 4_000;
 
 type Request = unsafe extern "C" fn(*mut *mut u8, *mut usize, *mut usize);
 type Complete = unsafe extern "C" fn(*mut c_void, u32, *mut u8, usize, usize);
+type RequestV2 = unsafe extern "C" fn(*mut *mut u8, *mut usize, *mut usize, *mut RequestInfo);
+type CompleteV2 = unsafe extern "C" fn(*mut u8, usize, usize, *mut CompleteInfo);
+
+/// `CUpti_BufferCallbackRequestInfo`.
+#[repr(C)]
+pub struct RequestInfo {
+    struct_size: usize,
+}
+
+/// `CUpti_BufferCallbackCompleteInfo`.
+#[repr(C)]
+pub struct CompleteInfo {
+    struct_size: usize,
+    thread_id: u64,
+    record_layouts: *mut c_void,
+    num_record_layouts: usize,
+}
+
+/// The registered buffer callbacks, of the API the client subscribed with.
+#[derive(Clone, Copy)]
+enum Callbacks {
+    Classic(Request, Complete),
+    PerSubscriber(RequestV2, CompleteV2),
+}
+
+impl Callbacks {
+    /// An empty buffer from the client: (pointer, size).
+    fn request(self) -> (*mut u8, usize) {
+        let (mut p, mut size, mut max) = (std::ptr::null_mut(), 0usize, 0usize);
+        let mut info = RequestInfo {
+            struct_size: std::mem::size_of::<RequestInfo>(),
+        };
+        // SAFETY: the client's documented request callback with valid out-pointers.
+        unsafe {
+            match self {
+                Callbacks::Classic(r, _) => r(&mut p, &mut size, &mut max),
+                Callbacks::PerSubscriber(r, _) => r(&mut p, &mut size, &mut max, &mut info),
+            }
+        }
+        (p, size)
+    }
+
+    /// Hands a buffer back to the client.
+    fn complete(self, p: *mut u8, size: usize, used: usize) {
+        let mut info = CompleteInfo {
+            struct_size: std::mem::size_of::<CompleteInfo>(),
+            // SAFETY: gettid cannot fail.
+            thread_id: unsafe { libc::gettid() } as u64,
+            record_layouts: std::ptr::null_mut(),
+            num_record_layouts: 0,
+        };
+        // SAFETY: the client's documented completion callback, outside our lock.
+        unsafe {
+            match self {
+                Callbacks::Classic(_, c) => c(std::ptr::null_mut(), 0, p, size, used),
+                Callbacks::PerSubscriber(_, c) => c(p, size, used, &mut info),
+            }
+        }
+    }
+}
+
+/// How our client holds CUPTI.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+enum Subscribed {
+    #[default]
+    No,
+    Classic,
+    /// Through `cuptiSubscribe_v2`, allowing others (true) or not.
+    PerSubscriber(bool),
+}
+
+/// Another tool's hold on CUPTI (set by [`stallscope_standin_hold`]).
+#[derive(Clone, Default)]
+struct Other {
+    /// 0 none, 1 a subscriber that does not share, 2 one that does.
+    hold: i32,
+    name: String,
+}
 
 #[derive(Default)]
 struct State {
-    subscribed: bool,
-    held_by_other: bool,
-    callbacks: Option<(Request, Complete)>,
+    subscribed: Subscribed,
+    other: Other,
+    callbacks: Option<Callbacks>,
     enabled: u64,
     buffer: Option<(*mut u8, usize, usize)>,
     /// Records of GPU work not finished yet: (end time, record).
@@ -54,8 +142,11 @@ struct State {
 unsafe impl Send for State {}
 
 static STATE: Mutex<State> = Mutex::new(State {
-    subscribed: false,
-    held_by_other: false,
+    subscribed: Subscribed::No,
+    other: Other {
+        hold: 0,
+        name: String::new(),
+    },
     callbacks: None,
     enabled: 0,
     buffer: None,
@@ -73,7 +164,20 @@ fn realtime_ns() -> u64 {
 }
 
 /// Full buffers to hand back, collected under the lock and delivered after it.
-type Completed = Vec<(Complete, *mut u8, usize, usize)>;
+type Completed = Vec<(Callbacks, *mut u8, usize, usize)>;
+
+/// The `CUPTI_API_VERSION` the stand-in plays.
+fn api_version() -> u32 {
+    std::env::var("STALLSCOPE_STANDIN_CUPTI_VERSION")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(API_VERSION)
+}
+
+/// Whether this CUPTI has the per-subscriber API.
+fn has_v2() -> bool {
+    api_version() >= cupti_sys::library::MULTI_SUBSCRIBER_SINCE
+}
 
 impl State {
     fn on(&self, k: u32) -> bool {
@@ -82,21 +186,19 @@ impl State {
 
     /// Appends `a`'s bytes to the current buffer, completing it (into `done`) when full.
     fn append(&mut self, a: &Activity, done: &mut Completed) {
-        let Some((request, complete)) = self.callbacks else {
+        let Some(callbacks) = self.callbacks else {
             return;
         };
         let mut bytes = Vec::new();
         encode::push(&mut bytes, a);
         if let Some((p, size, used)) = self.buffer {
             if used + bytes.len() > size {
-                done.push((complete, p, size, used));
+                done.push((callbacks, p, size, used));
                 self.buffer = None;
             }
         }
         if self.buffer.is_none() {
-            let (mut p, mut size, mut max) = (std::ptr::null_mut(), 0usize, 0usize);
-            // SAFETY: the client's documented request callback with valid out-pointers.
-            unsafe { request(&mut p, &mut size, &mut max) };
+            let (p, size) = callbacks.request();
             if p.is_null() || size < MIN_BUFFER {
                 return;
             }
@@ -124,9 +226,9 @@ impl State {
             }
         }
         self.pending = keep;
-        if let (Some((p, size, used)), Some((_, complete))) = (self.buffer, self.callbacks) {
+        if let (Some((p, size, used)), Some(callbacks)) = (self.buffer, self.callbacks) {
             if used > 0 || force {
-                done.push((complete, p, size, used));
+                done.push((callbacks, p, size, used));
                 self.buffer = None;
             }
         }
@@ -166,10 +268,24 @@ impl State {
 }
 
 fn deliver(done: Completed) {
-    for (complete, p, size, used) in done {
-        // SAFETY: the client's documented completion callback, outside our lock.
-        unsafe { complete(std::ptr::null_mut(), 0, p, size, used) };
+    for (callbacks, p, size, used) in done {
+        callbacks.complete(p, size, used);
     }
+}
+
+/// `call()` when `handle` is our per-subscriber handle, else CUPTI's answer to a bad one.
+fn for_subscriber(handle: *mut c_void, call: impl FnOnce() -> CuptiResult) -> CuptiResult {
+    if ours(handle) {
+        call()
+    } else {
+        result::INVALID_PARAMETER
+    }
+}
+
+/// Whether `handle` is our per-subscriber handle.
+fn ours(handle: *mut c_void) -> bool {
+    std::ptr::eq(handle, &SUBSCRIBER as *const u8 as *mut c_void)
+        && matches!(state().subscribed, Subscribed::PerSubscriber(_))
 }
 
 /// Interned kernel names: stable C strings, as CUPTI's are.
@@ -196,7 +312,7 @@ pub unsafe extern "C" fn cuptiGetVersion(v: *mut u32) -> CuptiResult {
     if v.is_null() {
         return result::INVALID_PARAMETER;
     }
-    *v = API_VERSION;
+    *v = api_version();
     result::SUCCESS
 }
 
@@ -238,14 +354,69 @@ pub unsafe extern "C" fn cuptiSubscribe(
     _userdata: *mut c_void,
 ) -> CuptiResult {
     let mut s = state();
-    if s.subscribed || s.held_by_other {
+    if s.subscribed != Subscribed::No || s.other.hold != 0 {
         return result::MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
     }
     if handle.is_null() {
         return result::INVALID_PARAMETER;
     }
-    s.subscribed = true;
+    s.subscribed = Subscribed::Classic;
     *handle = std::ptr::dangling_mut::<c_void>();
+    result::SUCCESS
+}
+
+/// `CUpti_SubscriberParams`, as the stand-in reads it.
+#[repr(C)]
+pub struct SubscriberParams {
+    struct_size: usize,
+    subscriber_name: *const c_char,
+    old_subscriber_name: *mut c_char,
+    old_subscriber_size: usize,
+    allow_multiple_subscribers: u8,
+    padding: [u8; 7],
+}
+
+/// `cuptiSubscribe_v2`: shares CUPTI when every subscriber allows it (and the "driver" can);
+/// a refusal names the subscriber that does not share.
+#[no_mangle]
+///
+/// # Safety
+/// Pointer arguments as CUPTI documents them: valid for the accesses the call makes.
+pub unsafe extern "C" fn cuptiSubscribe_v2(
+    handle: *mut *mut c_void,
+    _callback: *const c_void,
+    _userdata: *mut c_void,
+    params: *mut SubscriberParams,
+) -> CuptiResult {
+    if !has_v2() {
+        return API_NOT_IMPLEMENTED;
+    }
+    if handle.is_null()
+        || (!params.is_null() && (*params).struct_size < std::mem::size_of::<SubscriberParams>())
+    {
+        return result::INVALID_PARAMETER;
+    }
+    let allow = !params.is_null() && (*params).allow_multiple_subscribers != 0;
+    let mut s = state();
+    let sharing = std::env::var_os("STALLSCOPE_STANDIN_NO_SHARING").is_none();
+    let refusal = match s.other.hold {
+        _ if s.subscribed != Subscribed::No => Some(String::new()),
+        1 => Some(s.other.name.clone()),
+        2 if !allow => Some(s.other.name.clone()),
+        _ if allow && !sharing => Some(String::new()),
+        _ => None,
+    };
+    if let Some(name) = refusal {
+        if !params.is_null() && !(*params).old_subscriber_name.is_null() {
+            let p = &*params;
+            let n = name.len().min(p.old_subscriber_size.saturating_sub(1));
+            std::ptr::copy_nonoverlapping(name.as_ptr(), p.old_subscriber_name as *mut u8, n);
+            *p.old_subscriber_name.add(n) = 0;
+        }
+        return result::MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+    }
+    s.subscribed = Subscribed::PerSubscriber(allow);
+    *handle = &SUBSCRIBER as *const u8 as *mut c_void;
     result::SUCCESS
 }
 
@@ -253,10 +424,17 @@ pub unsafe extern "C" fn cuptiSubscribe(
 #[no_mangle]
 pub extern "C" fn cuptiUnsubscribe(_handle: *mut c_void) -> CuptiResult {
     let mut s = state();
-    if !s.subscribed {
-        return result::INVALID_PARAMETER;
+    match s.subscribed {
+        Subscribed::No => return result::INVALID_PARAMETER,
+        // A per-subscriber registration ends with its subscriber; classic activity state is
+        // global and stays until cuptiFinalize.
+        Subscribed::PerSubscriber(_) => {
+            s.callbacks = None;
+            s.enabled = 0;
+        }
+        Subscribed::Classic => {}
     }
-    s.subscribed = false;
+    s.subscribed = Subscribed::No;
     result::SUCCESS
 }
 
@@ -268,18 +446,84 @@ pub extern "C" fn cuptiActivityRegisterCallbacks(
 ) -> CuptiResult {
     match (request, complete) {
         (Some(r), Some(c)) => {
-            state().callbacks = Some((r, c));
+            state().callbacks = Some(Callbacks::Classic(r, c));
             result::SUCCESS
         }
         _ => result::INVALID_PARAMETER,
     }
 }
 
+/// `cuptiActivityRegisterCallbacks_v2`.
+#[no_mangle]
+pub extern "C" fn cuptiActivityRegisterCallbacks_v2(
+    handle: *mut c_void,
+    request: Option<RequestV2>,
+    complete: Option<CompleteV2>,
+) -> CuptiResult {
+    match (ours(handle), request, complete) {
+        (true, Some(r), Some(c)) => {
+            state().callbacks = Some(Callbacks::PerSubscriber(r, c));
+            result::SUCCESS
+        }
+        _ => result::INVALID_PARAMETER,
+    }
+}
+
+/// `cuptiActivityEnable_v2`.
+#[no_mangle]
+pub extern "C" fn cuptiActivityEnable_v2(
+    handle: *mut c_void,
+    k: u32,
+    _config: *mut c_void,
+) -> CuptiResult {
+    for_subscriber(handle, || cuptiActivityEnable(k))
+}
+
+/// `cuptiActivityDisable_v2`.
+#[no_mangle]
+pub extern "C" fn cuptiActivityDisable_v2(
+    handle: *mut c_void,
+    k: u32,
+    _config: *mut c_void,
+) -> CuptiResult {
+    for_subscriber(handle, || cuptiActivityDisable(k))
+}
+
+/// `cuptiActivityGetNextRecord_v2`.
+#[no_mangle]
+///
+/// # Safety
+/// Pointer arguments as CUPTI documents them: valid for the accesses the call makes.
+pub unsafe extern "C" fn cuptiActivityGetNextRecord_v2(
+    handle: *mut c_void,
+    buffer: *mut u8,
+    valid: usize,
+    record: *mut *mut u8,
+) -> CuptiResult {
+    for_subscriber(handle, || cuptiActivityGetNextRecord(buffer, valid, record))
+}
+
+/// `cuptiActivityGetNumDroppedRecords_v2`.
+#[no_mangle]
+///
+/// # Safety
+/// Pointer arguments as CUPTI documents them: valid for the accesses the call makes.
+pub unsafe extern "C" fn cuptiActivityGetNumDroppedRecords_v2(
+    handle: *mut c_void,
+    context: *mut c_void,
+    stream: u32,
+    dropped: *mut usize,
+) -> CuptiResult {
+    for_subscriber(handle, || {
+        cuptiActivityGetNumDroppedRecords(context, stream, dropped)
+    })
+}
+
 /// `cuptiActivityEnable`.
 #[no_mangle]
 pub extern "C" fn cuptiActivityEnable(k: u32) -> CuptiResult {
     if k >= 64 {
-        return 21; // CUPTI_ERROR_INVALID_KIND
+        return INVALID_KIND;
     }
     state().enabled |= 1 << k;
     result::SUCCESS
@@ -289,7 +533,7 @@ pub extern "C" fn cuptiActivityEnable(k: u32) -> CuptiResult {
 #[no_mangle]
 pub extern "C" fn cuptiActivityDisable(k: u32) -> CuptiResult {
     if k >= 64 {
-        return 21;
+        return INVALID_KIND;
     }
     state().enabled &= !(1 << k);
     result::SUCCESS
@@ -360,13 +604,19 @@ pub unsafe extern "C" fn cuptiActivityGetNumDroppedRecords(
     result::SUCCESS
 }
 
-/// `cuptiFinalize`: detaches CUPTI from the process (callbacks, kinds and subscriber gone).
+/// `cuptiFinalize`: detaches CUPTI from the process (callbacks, kinds and subscribers gone,
+/// a sharing tool's session with them). A tool holding CUPTI without sharing keeps its hold:
+/// nobody else could have subscribed, so a finalize then comes from that tool itself.
 #[no_mangle]
 pub extern "C" fn cuptiFinalize() -> CuptiResult {
     let mut s = state();
-    let held = s.held_by_other;
+    let other = if s.other.hold == 2 {
+        Other::default()
+    } else {
+        s.other.clone()
+    };
     *s = State {
-        held_by_other: held,
+        other,
         correlation: s.correlation,
         ..State::default()
     };
@@ -375,19 +625,31 @@ pub extern "C" fn cuptiFinalize() -> CuptiResult {
 
 // ---- test hooks ----
 
-/// Another tool holds (1) or releases (0) the subscriber slot.
+/// Another tool named `name` holds the subscriber slot without sharing it (`hold` 1), holds
+/// it sharing (2), or lets go (0).
 #[no_mangle]
-pub extern "C" fn stallscope_standin_hold(held: i32) {
-    state().held_by_other = held != 0;
+///
+/// # Safety
+/// `name` is null or a NUL-terminated string.
+pub unsafe extern "C" fn stallscope_standin_hold(hold: i32, name: *const c_char) {
+    let name = if name.is_null() {
+        String::new()
+    } else {
+        CStr::from_ptr(name).to_string_lossy().into_owned()
+    };
+    state().other = Other { hold, name };
 }
 
-/// What CUPTI holds now: bit 0 a subscriber, bit 1 registered callbacks, bits 8.. the number
-/// of enabled kinds. 0 once a client has given everything back.
+/// What CUPTI holds for our client now: bit 0 a subscriber, bit 1 registered callbacks, bit 2
+/// the subscriber shares CUPTI, bits 8.. the number of enabled kinds (0 once the client has
+/// given everything back); bit 4: another tool still holds its slot.
 #[no_mangle]
 pub extern "C" fn stallscope_standin_state() -> u64 {
     let s = state();
-    u64::from(s.subscribed)
+    u64::from(s.subscribed != Subscribed::No)
         | u64::from(s.callbacks.is_some()) << 1
+        | u64::from(s.subscribed == Subscribed::PerSubscriber(true)) << 2
+        | u64::from(s.other.hold != 0) << 4
         | u64::from(s.enabled.count_ones()) << 8
 }
 

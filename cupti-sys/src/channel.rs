@@ -2,8 +2,8 @@
 //!
 //! One file, created by the daemon in the target's `/dev/shm` as `stallscope-gpu-<pid>` before
 //! the agent is loaded, and mapped by both. A 4 KiB header (state, control word, sequence
-//! numbers, loss counters, the agent's last error) is followed by a ring of fixed 64-byte
-//! [`Event`] slots. Single producer (the agent serialises its CUPTI callbacks), single
+//! numbers, loss counters, CUPTI version and subscription mode, the agent's last error) is
+//! followed by a ring of fixed 64-byte [`Event`] slots. Single producer (the agent serialises its CUPTI callbacks), single
 //! consumer; the producer never blocks: a full ring counts a lost event. x86-64 keeps stores
 //! in order, and `write_seq` is published with release ordering after the slot bytes.
 
@@ -58,6 +58,7 @@ mod hdr {
     pub const HEARTBEAT: usize = 56;
     pub const CUPTI_VERSION: usize = 64;
     pub const AGENT_TID: usize = 72;
+    pub const SUBSCRIPTION: usize = 76;
     pub const ERROR: usize = 128;
 }
 
@@ -533,6 +534,17 @@ impl Channel {
     /// Records the agent thread's tid.
     pub fn set_agent_tid(&self, tid: u32) {
         self.u32_at(hdr::AGENT_TID).store(tid, Ordering::Release);
+    }
+
+    /// How the agent subscribed ([`crate::subscription::Mode::code`]; 0 before it has).
+    pub fn subscription(&self) -> u32 {
+        self.u32_at(hdr::SUBSCRIPTION).load(Ordering::Acquire)
+    }
+
+    /// Records how the agent subscribed.
+    pub fn set_subscription(&self, mode: u32) {
+        self.u32_at(hdr::SUBSCRIPTION)
+            .store(mode, Ordering::Release);
     }
 
     /// The agent's last error text.

@@ -6,13 +6,15 @@
 //! documented byte offsets ([`record`]). The offsets read are the same in CUPTI 12.9, 13.0 and
 //! 13.x (Kernel9/10/13, Memcpy6/7, Memset4/5, API, Synchronization2, ExternalCorrelation);
 //! `tests/layout.rs` checks them against the headers of the `nvidia-cuda-cupti` wheels when
-//! those can be downloaded. [`channel`] is the shared-memory format between the injected agent
-//! and the daemon.
+//! those can be downloaded. [`subscription`] takes CUPTI's subscriber slot (shared with other
+//! tools where CUPTI >= 13.3 allows it, never fought for), and [`channel`] is the shared-memory
+//! format between the injected agent and the daemon.
 
 pub mod channel;
 pub mod library;
 pub mod record;
 pub mod result;
+pub mod subscription;
 
 /// Activity kinds (`CUpti_ActivityKind`) the agent enables, as plain integers: a kind this
 /// crate does not know is carried as a number, never transmuted into an enum.

@@ -20,6 +20,15 @@ pub type BufferRequestedFunc = unsafe extern "C" fn(*mut *mut u8, *mut usize, *m
 /// `CUpti_BuffersCallbackCompleteFunc`: (context, streamId, buffer, size, validSize).
 pub type BufferCompletedFunc = unsafe extern "C" fn(*mut c_void, u32, *mut u8, usize, usize);
 
+/// `CUpti_BuffersCallbackRequestFunc_v2`: (buffer, size, maxNumRecords, requestInfo).
+pub type BufferRequestedFuncV2 =
+    unsafe extern "C" fn(*mut *mut u8, *mut usize, *mut usize, *mut c_void);
+/// `CUpti_BuffersCallbackCompleteFunc_v2`: (buffer, size, validSize, completeInfo).
+pub type BufferCompletedFuncV2 = unsafe extern "C" fn(*mut u8, usize, usize, *mut c_void);
+
+/// The first `CUPTI_API_VERSION` whose subscribers can share CUPTI (CUDA 13.3).
+pub const MULTI_SUBSCRIBER_SINCE: u32 = 130300;
+
 /// Sonames tried, newest first.
 pub const SONAMES: [&str; 3] = ["libcupti.so.13", "libcupti.so.12", "libcupti.so"];
 
@@ -57,7 +66,37 @@ pub struct Cupti {
         Option<unsafe extern "C" fn(*mut c_void, u32, *mut usize) -> CuptiResult>,
     /// `cuptiFinalize` (optional).
     pub finalize: Option<unsafe extern "C" fn() -> CuptiResult>,
+    /// The per-subscriber API, in a CUPTI that can share ([`MULTI_SUBSCRIBER_SINCE`]) and has
+    /// every entry point of it.
+    pub v2: Option<CuptiV2>,
     _lib: Library,
+}
+
+/// CUPTI's per-subscriber (multi-subscriber) entry points.
+pub struct CuptiV2 {
+    /// `cuptiSubscribe_v2`.
+    pub subscribe: unsafe extern "C" fn(
+        *mut SubscriberHandle,
+        CallbackFunc,
+        *mut c_void,
+        *mut crate::subscription::SubscriberParams,
+    ) -> CuptiResult,
+    /// `cuptiActivityEnable_v2`: (subscriber, kind, config or NULL).
+    pub activity_enable: unsafe extern "C" fn(SubscriberHandle, u32, *mut c_void) -> CuptiResult,
+    /// `cuptiActivityDisable_v2`.
+    pub activity_disable: unsafe extern "C" fn(SubscriberHandle, u32, *mut c_void) -> CuptiResult,
+    /// `cuptiActivityRegisterCallbacks_v2`.
+    pub activity_register_callbacks: unsafe extern "C" fn(
+        SubscriberHandle,
+        BufferRequestedFuncV2,
+        BufferCompletedFuncV2,
+    ) -> CuptiResult,
+    /// `cuptiActivityGetNextRecord_v2`.
+    pub activity_get_next_record:
+        unsafe extern "C" fn(SubscriberHandle, *mut u8, usize, *mut *mut u8) -> CuptiResult,
+    /// `cuptiActivityGetNumDroppedRecords_v2` (optional): (subscriber, context, streamId, dropped).
+    pub activity_get_num_dropped_records:
+        Option<unsafe extern "C" fn(SubscriberHandle, *mut c_void, u32, *mut usize) -> CuptiResult>,
 }
 
 /// Why libcupti could not be used.
@@ -166,6 +205,23 @@ impl Cupti {
                     .map(|s| *s)
             };
         }
+        let get_version: Option<unsafe extern "C" fn(*mut u32) -> CuptiResult> =
+            optional!("cuptiGetVersion");
+        let mut version = 0;
+        // SAFETY: documented signature; `version` outlives the call.
+        let shares = get_version.is_some_and(|f| unsafe { f(&mut version) } == result::SUCCESS)
+            && version >= MULTI_SUBSCRIBER_SINCE;
+        let v2 = (|| {
+            Some(CuptiV2 {
+                subscribe: optional!("cuptiSubscribe_v2")?,
+                activity_enable: optional!("cuptiActivityEnable_v2")?,
+                activity_disable: optional!("cuptiActivityDisable_v2")?,
+                activity_register_callbacks: optional!("cuptiActivityRegisterCallbacks_v2")?,
+                activity_get_next_record: optional!("cuptiActivityGetNextRecord_v2")?,
+                activity_get_num_dropped_records: optional!("cuptiActivityGetNumDroppedRecords_v2"),
+            })
+        })()
+        .filter(|_| shares);
         Ok(Cupti {
             subscribe: required!("cuptiSubscribe"),
             unsubscribe: required!("cuptiUnsubscribe"),
@@ -175,10 +231,11 @@ impl Cupti {
             activity_flush_all: required!("cuptiActivityFlushAll"),
             activity_get_next_record: required!("cuptiActivityGetNextRecord"),
             get_timestamp: required!("cuptiGetTimestamp"),
-            get_version: optional!("cuptiGetVersion"),
+            get_version,
             get_result_string: optional!("cuptiGetResultString"),
             activity_get_num_dropped_records: optional!("cuptiActivityGetNumDroppedRecords"),
             finalize: optional!("cuptiFinalize"),
+            v2,
             origin,
             was_mapped,
             _lib: lib,

@@ -71,10 +71,11 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The probe: one CHECK per field this crate reads, for the record versions of one CUPTI.
-fn probe_source(kernel: &str, memcpy: &str, memset: &str) -> String {
+/// The probe: one CHECK per field this crate reads, for the record versions of one CUPTI
+/// (and the multi-subscriber parameters where that CUPTI has them).
+fn probe_source(kernel: &str, memcpy: &str, memset: &str, multi_subscriber: bool) -> String {
     let mut c = String::from(
-        "#include <stdio.h>\n#include <stddef.h>\n#include <cupti_activity.h>\n#include <cupti_callbacks.h>\n#include <cupti_driver_cbid.h>\n#include <cupti_runtime_cbid.h>\n\
+        "#include <stdio.h>\n#include <stddef.h>\n#include <cupti_activity.h>\n#include <cupti_callbacks.h>\n#include <cupti_driver_cbid.h>\n#include <cupti_runtime_cbid.h>\n#include <cupti_version.h>\n\
          static int bad;\n\
          #define CHECK(T, f, want) do { size_t got = offsetof(T, f); if (got != (want)) { bad++; printf(\"%s.%s at %zu, crate says %d\\n\", #T, #f, got, (int)(want)); } } while (0)\n\
          #define VALUE(name, want) do { if ((long)(name) != (long)(want)) { bad++; printf(\"%s = %ld, crate says %ld\\n\", #name, (long)(name), (long)(want)); } } while (0)\n\
@@ -247,6 +248,45 @@ fn probe_source(kernel: &str, memcpy: &str, memset: &str) -> String {
             record_len(k)
         );
     }
+    if multi_subscriber {
+        use cupti_sys::subscription::{SubscriberParams, OLD_SUBSCRIBER_NAME_MIN_LEN};
+        use std::mem::offset_of;
+        for (f, want) in [
+            ("structSize", offset_of!(SubscriberParams, struct_size)),
+            (
+                "subscriberName",
+                offset_of!(SubscriberParams, subscriber_name),
+            ),
+            (
+                "oldSubscriberName",
+                offset_of!(SubscriberParams, old_subscriber_name),
+            ),
+            (
+                "oldSubscriberSize",
+                offset_of!(SubscriberParams, old_subscriber_size),
+            ),
+            (
+                "allowMultipleSubscribers",
+                offset_of!(SubscriberParams, allow_multiple_subscribers),
+            ),
+        ] {
+            let _ = writeln!(c, "CHECK(CUpti_SubscriberParams, {f}, {want});");
+        }
+        let _ = writeln!(
+            c,
+            "VALUE(CUpti_SubscriberParams_STRUCT_SIZE, {});",
+            std::mem::size_of::<SubscriberParams>()
+        );
+        let _ = writeln!(
+            c,
+            "VALUE(CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN, {OLD_SUBSCRIBER_NAME_MIN_LEN});"
+        );
+        let _ = writeln!(
+            c,
+            "VALUE(CUPTI_API_VERSION >= {}, 1);",
+            cupti_sys::library::MULTI_SUBSCRIBER_SINCE
+        );
+    }
     c.push_str("printf(\"%d mismatches\\n\", bad);\nreturn bad != 0;\n}\n");
     c
 }
@@ -294,7 +334,8 @@ fn offsets_and_codes_match_the_cupti_headers() {
         let dir = cache().join(format!("probe-{package}"));
         std::fs::create_dir_all(&dir).unwrap();
         let src = dir.join("probe.c");
-        std::fs::write(&src, probe_source(kernel, memcpy, memset)).unwrap();
+        let multi_subscriber = package == "nvidia-cuda-cupti";
+        std::fs::write(&src, probe_source(kernel, memcpy, memset, multi_subscriber)).unwrap();
         let exe = dir.join("probe");
         let cc = Command::new("cc")
             .arg("-o")

@@ -56,6 +56,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         shared: shared.clone(),
         engines: BTreeMap::new(),
         retry_at: BTreeMap::new(),
+        attaching: BTreeMap::new(),
         kernel_only: BTreeSet::new(),
         watched: BTreeSet::new(),
         threads: BTreeMap::new(),
@@ -110,6 +111,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
             daemon.rescan(&mut plane);
             rescan_at = Instant::now() + cfg.watch.rescan_interval;
         }
+        daemon.take_attached();
         daemon.mark.enter(Phase::Sentinel);
         for e in daemon.engines.values_mut() {
             e.tick(&shared, &mut export);
@@ -134,6 +136,11 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
     for w in std::mem::take(&mut daemon.writers) {
         let _ = w.join();
     }
+    for (pid, a) in std::mem::take(&mut daemon.attaching) {
+        if let Ok(Ok(e)) = a.join() {
+            daemon.engines.insert(pid, e);
+        }
+    }
     for (_, e) in std::mem::take(&mut daemon.engines) {
         let threads = daemon.thread_labels(e.pid);
         e.detach(&shared, &threads);
@@ -157,6 +164,10 @@ struct Daemon<'a> {
     engines: BTreeMap<u32, Engine>,
     /// Engines that failed to attach, and when to try again.
     retry_at: BTreeMap<u32, Instant>,
+    /// Attaches in progress, each on a thread of its own: an attach waits for the engine's
+    /// main thread to reach a safe point (seconds for an engine that sits in a C call), and
+    /// the loop keeps serving the other engines meanwhile.
+    attaching: BTreeMap<u32, std::thread::JoinHandle<Result<Engine>>>,
     /// Pids given with --pid that are not Python: watched by the kernel plane only.
     kernel_only: BTreeSet<u32>,
     /// Pids the kernel plane watches.
@@ -314,10 +325,7 @@ impl Daemon<'_> {
                     Some(id) => format!("deep dive {id} of engine {pid}"),
                     None => format!("normal reference of engine {pid}"),
                 };
-                match id {
-                    Some(id) => info!("engine {pid}: deep dive {id} started"),
-                    None => info!("engine {pid}: recording a normal reference"),
-                }
+                info!("started the capture: {what}");
                 *self.shared.capture.lock().expect("capture lock") = Some(what);
                 self.job = Some(job);
             }
@@ -384,7 +392,48 @@ impl Daemon<'_> {
             .unwrap_or_default()
     }
 
-    /// Follows processes coming and going: kernel-plane watches and sentinel engines.
+    /// Takes in the outcome of an engine's attach.
+    fn attached(&mut self, pid: u32, attached: Result<Engine>) {
+        match attached {
+            Ok(e) => {
+                self.retry_at.remove(&pid);
+                self.shared.attach_errors.lock().expect("lock").remove(&pid);
+                self.engines.insert(pid, e);
+            }
+            Err(e) => {
+                warn!("{e:#} (retrying in {ATTACH_RETRY:?})");
+                self.shared
+                    .attach_errors
+                    .lock()
+                    .expect("lock")
+                    .insert(pid, format!("{e:#}"));
+                self.retry_at.insert(pid, Instant::now() + ATTACH_RETRY);
+            }
+        }
+    }
+
+    /// Takes in the attaches that have finished.
+    fn take_attached(&mut self) {
+        let finished: Vec<u32> = self
+            .attaching
+            .iter()
+            .filter(|(_, a)| a.is_finished())
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in finished {
+            let attached = match self.attaching.remove(&pid).map(|a| a.join()) {
+                Some(Ok(r)) => r,
+                Some(Err(_)) => Err(anyhow::anyhow!(
+                    "attaching engine pid {pid}: the thread panicked"
+                )),
+                None => continue,
+            };
+            self.attached(pid, attached);
+        }
+    }
+
+    /// Follows processes coming and going: kernel-plane watches and sentinel engines (whose
+    /// attaches start here and finish on their own threads).
     fn rescan(&mut self, plane: &mut KernelPlane) {
         let me = std::process::id();
         let all: Vec<Named> = procfs::all_pids()
@@ -431,26 +480,21 @@ impl Daemon<'_> {
         }
         for &pid in &engines {
             if self.engines.contains_key(&pid)
+                || self.attaching.contains_key(&pid)
                 || self.kernel_only.contains(&pid)
                 || self.retry_at.get(&pid).is_some_and(|t| Instant::now() < *t)
             {
                 continue;
             }
-            match Engine::attach(pid, self.cfg) {
-                Ok(e) => {
-                    self.retry_at.remove(&pid);
-                    self.shared.attach_errors.lock().expect("lock").remove(&pid);
-                    self.engines.insert(pid, e);
+            let cfg = self.cfg.clone();
+            match std::thread::Builder::new()
+                .name("stallscope-attach".into())
+                .spawn(move || Engine::attach(pid, &cfg))
+            {
+                Ok(a) => {
+                    self.attaching.insert(pid, a);
                 }
-                Err(e) => {
-                    warn!("{e:#} (retrying in {ATTACH_RETRY:?})");
-                    self.shared
-                        .attach_errors
-                        .lock()
-                        .expect("lock")
-                        .insert(pid, format!("{e:#}"));
-                    self.retry_at.insert(pid, Instant::now() + ATTACH_RETRY);
-                }
+                Err(e) => self.attached(pid, Err(e.into())),
             }
         }
         self.retry_at.retain(|p, _| engines.contains(p));

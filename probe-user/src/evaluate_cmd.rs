@@ -145,6 +145,13 @@ fn engine_status(port: u16, pid: u64) -> Option<Value> {
         .cloned()
 }
 
+/// Whether the daemon holds a normal reference of engine `pid` (its status lists it).
+fn has_reference(port: u16, pid: u64) -> bool {
+    http(port, "GET", "/api/v1/status", "")
+        .ok()
+        .is_some_and(|(_, s)| !s["normal_references"][pid.to_string()].is_null())
+}
+
 /// The CPUs of the most pinned process of the engine's tree (where the forward pass runs;
 /// vLLM pins its worker).
 fn forward_cpus(pid: u32) -> Vec<usize> {
@@ -264,16 +271,12 @@ fn evaluate(
     // root causes are ranked against it).
     std::thread::sleep(Duration::from_secs(10));
     if args.deep_dives {
-        let log = state.join("daemon.log");
         let t = std::time::Instant::now();
-        while !std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .contains("normal reference recorded")
-        {
+        while !has_reference(port, engine_pid) {
             if t.elapsed() > REFERENCE_WAIT {
                 warn!(
                     "no normal reference within {REFERENCE_WAIT:?} of the fit (see {}): the deep dives will have nothing to compare with",
-                    log.display()
+                    state.join("daemon.log").display()
                 );
                 break;
             }

@@ -115,12 +115,19 @@ async fn status(State(app): State<Arc<App>>) -> impl IntoResponse {
         .collect();
     let attach_errors = app.shared.attach_errors.lock().expect("lock").clone();
     let capture = app.shared.capture.lock().expect("capture lock").clone();
+    let references = app
+        .shared
+        .references
+        .lock()
+        .expect("references lock")
+        .clone();
     Json(json!({
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_s": app.started.elapsed().as_secs_f64(),
         "engines": engines,
         "attach_errors": attach_errors,
         "capture": capture,
+        "normal_references": references,
     }))
 }
 

@@ -83,6 +83,17 @@ pub struct EngineStatus {
     pub gpu_void_ratio: Option<f64>,
 }
 
+/// An engine's normal reference, as the status shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReferenceStatus {
+    /// When it was recorded, unix ms.
+    pub recorded_unix_ms: u64,
+    /// Iteration cycles in it.
+    pub cycles: usize,
+    /// Their mean duration, ms.
+    pub mean_cycle_ms: f64,
+}
+
 /// Shared between the sentinel thread and the HTTP server.
 pub struct Shared {
     /// Prometheus metrics.
@@ -95,6 +106,8 @@ pub struct Shared {
     pub deep_dives: Mutex<Registry>,
     /// The capture running now (a deep dive or a normal-reference recording), if any.
     pub capture: Mutex<Option<String>>,
+    /// Each engine's latest normal reference, by pid.
+    pub references: Mutex<BTreeMap<u32, ReferenceStatus>>,
     alerts: Mutex<VecDeque<Alert>>,
     log: Mutex<File>,
 }
@@ -122,6 +135,7 @@ impl Shared {
             attach_errors: Mutex::new(BTreeMap::new()),
             deep_dives: Mutex::new(Registry::default()),
             capture: Mutex::new(None),
+            references: Mutex::new(BTreeMap::new()),
             alerts: Mutex::new(VecDeque::new()),
             log: Mutex::new(log),
         })

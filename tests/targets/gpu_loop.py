@@ -4,7 +4,8 @@ argv[1] is the stand-in libcupti (a copy named libcupti.so.13); it is mapped at 
 `import torch` maps the wheel's CUPTI. Each step launches two kernels and a copy on stream 7
 and synchronizes (which really waits for the simulated stream), printing for each launch its
 correlation id and the CLOCK_MONOTONIC ns just before and after the call, then what CUPTI
-holds (`state N`). With argv[2] == "held", another tool holds the CUPTI subscriber slot.
+holds (`state N`). With argv[2] == "held", another tool holds the CUPTI subscriber slot and
+does not share it; with "shared", another tool holds it and shares it.
 """
 import ctypes
 import sys
@@ -17,8 +18,10 @@ lib.stallscope_standin_memcpy.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctyp
 lib.stallscope_standin_memcpy.restype = ctypes.c_uint32
 lib.stallscope_standin_synchronize.argtypes = [ctypes.c_uint32]
 lib.stallscope_standin_state.restype = ctypes.c_uint64
-if len(sys.argv) > 2 and sys.argv[2] == "held":
-    lib.stallscope_standin_hold(1)
+lib.stallscope_standin_hold.argtypes = [ctypes.c_int, ctypes.c_char_p]
+HOLDS = {"held": (1, b"torch.profiler (Kineto)"), "shared": (2, b"Nsight Systems")}
+if len(sys.argv) > 2:
+    lib.stallscope_standin_hold(*HOLDS[sys.argv[2]])
 
 KERNELS = ((b"ampere_bf16_gemm_128x128", 300_000), (b"flash_attn_decode", 120_000))
 

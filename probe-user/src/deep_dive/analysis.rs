@@ -1,7 +1,7 @@
 //! From raw capture to spans (thread states, syscalls, Python calls), iteration cycles, and
 //! the root-cause ranking of the deep-dive window against the normal reference window.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use model::root_cause::{self, Cycle, EventKey, EventKind, SeriesShift, Suspect};
 use probe_common::event;
@@ -18,6 +18,9 @@ pub enum State {
     Running,
     /// Ready, waiting for a CPU (woken or preempted).
     Runnable,
+    /// Ready, waiting for a CPU it gave away itself (`sched_yield`): a spin-wait for another
+    /// thread, not contention.
+    Yielded,
     /// Interruptible sleep (waiting for an event).
     Sleeping,
     /// Uninterruptible sleep (disk I/O, page faults, reclaim).
@@ -30,10 +33,34 @@ impl State {
         match self {
             State::Running => "running",
             State::Runnable => "runnable",
+            State::Yielded => "yielded",
             State::Sleeping => "sleeping",
             State::Blocked => "blocked (D)",
         }
     }
+}
+
+/// Every state, for parsing event names back.
+const STATES: [State; 5] = [
+    State::Running,
+    State::Runnable,
+    State::Yielded,
+    State::Sleeping,
+    State::Blocked,
+];
+
+/// The ranking's name of `state` on threads named `comm`: `runnable VLLM::Worker`.
+fn state_event(state: State, comm: &str) -> String {
+    format!("{} {comm}", state.name())
+}
+
+/// The state and thread name of a [`state_event`] name.
+fn parse_state_event(name: &str) -> Option<(State, &str)> {
+    STATES.iter().find_map(|s| {
+        name.strip_prefix(s.name())
+            .and_then(|rest| rest.strip_prefix(' '))
+            .map(|comm| (*s, comm))
+    })
 }
 
 /// A closed interval on one thread.
@@ -99,7 +126,14 @@ impl Timeline {
                     if ours(e.tid) {
                         let prev_state = e.arg1 & 0xffff_ffff;
                         let preempt = e.arg1 >> 32 != 0;
-                        let s = if preempt || prev_state == 0 {
+                        // Still TASK_RUNNING: preempted (in user mode the tracepoint's
+                        // preempt flag is false too), or giving the CPU away in sched_yield.
+                        let yielding = open_sys
+                            .get(&e.tid)
+                            .is_some_and(|(nr, _)| i64::from(*nr) == libc::SYS_sched_yield);
+                        let s = if prev_state == 0 && !preempt && yielding {
+                            State::Yielded
+                        } else if preempt || prev_state == 0 {
                             State::Runnable
                         } else if prev_state & TASK_UNINTERRUPTIBLE != 0 {
                             State::Blocked
@@ -180,6 +214,9 @@ pub struct CycleSource {
     pub normal: usize,
     /// Cycles in the deep-dive window.
     pub anomalous: usize,
+    /// The deep-dive window was cut into 100 ms bins: no iteration completed inside it (an
+    /// iteration stalled longer than the window).
+    pub anomalous_binned: bool,
     /// Where the normal reference came from.
     pub reference: String,
 }
@@ -262,6 +299,23 @@ pub fn cycles(calls: &[Call], anchor: Option<&str>, from: u64, to: u64) -> Vec<C
         .collect()
 }
 
+/// The deep-dive window's cycles: its complete iterations, or, when none completed inside it
+/// (a stall longer than the window, the case a deep dive matters most), 100 ms bins, whose
+/// time shares compare with the reference's per-iteration shares; whether it was binned.
+fn anomalous_cycles(
+    calls: &[Call],
+    anchor: Option<&str>,
+    from: u64,
+    to: u64,
+) -> (Vec<CycleSpan>, bool) {
+    let v = cycles(calls, anchor, from, to);
+    if v.is_empty() && anchor.is_some() {
+        (cycles(calls, None, from, to), true)
+    } else {
+        (v, false)
+    }
+}
+
 /// The anchor of the capture: the profile's, or discovered from call statistics.
 pub fn anchor(c: &Collected) -> Option<String> {
     let py = c.python.as_ref()?;
@@ -316,21 +370,21 @@ pub fn features(
                 // Interruptible sleep is always inside a syscall (futex, epoll_wait, read...),
                 // which is already an event of its own; as a thread state it only mirrors what
                 // the thread waits for (a worker idles while its starved engine core runs
-                // late), so it is left out of the ranking. The trace still shows it.
-                for s in overlapping(spans, cy.start, cy.end).filter(|s| s.what != State::Sleeping)
+                // late), so it is left out of the ranking. So is the run-queue wait after a
+                // sched_yield: vLLM's engine core spins in sched_yield while its worker runs,
+                // and that wait grows with anything that slows the worker (memory pressure
+                // ranked as "runnable" CPU contention). The trace still shows both.
+                for s in overlapping(spans, cy.start, cy.end)
+                    .filter(|s| !matches!(s.what, State::Sleeping | State::Yielded))
                 {
                     let ns = overlap(s.start, s.end, cy.start, cy.end);
-                    add(
-                        EventKind::ThreadState,
-                        format!("{} {}", s.what.name(), comm(*tid)),
-                        ns,
-                    );
+                    add(EventKind::ThreadState, state_event(s.what, comm(*tid)), ns);
                 }
             }
             for spans in timeline.syscalls.values() {
                 for s in overlapping(spans, cy.start, cy.end) {
                     let name = syscall_names::name(s.what);
-                    if HANDOFF_SYSCALLS.contains(&name.as_str()) {
+                    if WAIT_SYSCALLS.contains(&name.as_str()) {
                         continue;
                     }
                     let ns = overlap(s.start, s.end, cy.start, cy.end);
@@ -365,13 +419,24 @@ pub fn features(
         .collect()
 }
 
-/// Syscalls in which a thread waits for another thread of the engine (locks, condition
-/// variables, spin-and-yield hand-offs). Their time grows with whatever delays the other
-/// thread: vLLM's engine core spends each step in futex and sched_yield waiting for its worker,
-/// so when memory pressure or a hog slows the worker they grow most and would name the
-/// symptom, not the cause. Like interruptible sleep they are left out of the ranking (the
-/// trace still shows them).
-const HANDOFF_SYSCALLS: [&str; 2] = ["futex", "sched_yield"];
+/// Syscalls in which a thread waits for another thread or process (locks, condition
+/// variables, spin-and-yield hand-offs, waits for a descriptor to become ready). Their time
+/// grows with whatever delays the other side: vLLM's engine core spends each step in futex and
+/// sched_yield waiting for its worker, and past its spin in poll on the worker's socket, so
+/// when memory pressure or a hog slows the worker they grow most and would name the symptom,
+/// not the cause (the cause shows in the other side's states). Like interruptible sleep they
+/// are left out of the ranking (the trace still shows them); reads and writes stay in.
+const WAIT_SYSCALLS: [&str; 9] = [
+    "futex",
+    "sched_yield",
+    "poll",
+    "ppoll",
+    "select",
+    "pselect6",
+    "epoll_wait",
+    "epoll_pwait",
+    "epoll_pwait2",
+];
 
 /// Syscalls that wait on storage.
 const IO_SYSCALLS: [&str; 14] = [
@@ -424,6 +489,9 @@ pub fn resources(e: &EventKey) -> Vec<String> {
 pub struct Report {
     /// Suspects, best first.
     pub suspects: Vec<Suspect>,
+    /// The threads (by name) whose states were ranked: those running at least 5 % of the
+    /// normal cycle.
+    pub ranked_threads: Vec<String>,
     /// Telemetry shifts, largest first.
     pub telemetry: Vec<SeriesShift>,
     /// How cycles were found and how many each window has.
@@ -439,11 +507,25 @@ pub struct Report {
     pub summary: String,
 }
 
-/// Category of a suspect from its resource (or its kind).
-pub fn category(s: &Suspect) -> String {
+/// Memory series whose rise means reclaim is taking the engine's pages.
+const RECLAIM_SERIES: [&str; 3] = ["vm.pgmajfault", "psi.memory.some", "psi.memory.full"];
+
+/// Category of a suspect from its resource (or its kind). Blocked (D) time while reclaim is
+/// under way (major faults or PSI memory up by [`SIGNIFICANT_Z`]) is memory pressure even
+/// when PSI io moved more: the engine is reading back the pages reclaim took, and disk
+/// contention alone does not make resident pages fault.
+pub fn category(s: &Suspect, telemetry: &[SeriesShift]) -> String {
+    let reclaim = || {
+        telemetry
+            .iter()
+            .any(|t| RECLAIM_SERIES.contains(&t.name.as_str()) && t.z >= SIGNIFICANT_Z)
+    };
     match s.resource.as_deref() {
         Some(r) if r.starts_with("psi.cpu") || r.starts_with("cpu") => "CPU contention".into(),
         Some(r) if r.starts_with("psi.memory") || r.starts_with("vm.") => "memory pressure".into(),
+        Some(r) if r.starts_with("psi.io") && s.kind == EventKind::ThreadState && reclaim() => {
+            "memory pressure".into()
+        }
         Some(r) if r.starts_with("psi.io") => "I/O contention".into(),
         _ => match s.kind {
             EventKind::Python => format!("slower Python function {}", s.name),
@@ -456,14 +538,65 @@ pub fn category(s: &Suspect) -> String {
 /// |Z_β| below which the top suspect is reported as no real change.
 const SIGNIFICANT_Z: f64 = 2.0;
 
+/// Share of the normal cycle a thread (by name) must run to carry the iteration.
+const WORKING_SHARE: f64 = 0.05;
+
+/// The thread names that run at least [`WORKING_SHARE`] of the normal cycles: the threads
+/// that do an iteration's work.
+fn working_threads(normal: &[Cycle]) -> BTreeSet<String> {
+    let mut running: BTreeMap<&str, f64> = BTreeMap::new();
+    for c in normal {
+        for (k, v) in &c.shares {
+            if let Some((State::Running, comm)) = parse_state_event(&k.name) {
+                *running.entry(comm).or_default() += v;
+            }
+        }
+    }
+    running
+        .into_iter()
+        .filter(|(_, total)| *total >= WORKING_SHARE * normal.len() as f64)
+        .map(|(comm, _)| comm.to_string())
+        .collect()
+}
+
+/// `cycles` without the thread states of threads outside `working`.
+fn only_working(cycles: &[Cycle], working: &BTreeSet<String>) -> Vec<Cycle> {
+    cycles
+        .iter()
+        .map(|c| Cycle {
+            shares: c
+                .shares
+                .iter()
+                .filter(|(k, _)| match parse_state_event(&k.name) {
+                    Some((_, comm)) if k.kind == EventKind::ThreadState => working.contains(comm),
+                    _ => true,
+                })
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
+            utilisation: c.utilisation.clone(),
+        })
+        .collect()
+}
+
 /// Ranks the cycles of `c` in [from, end) against `reference` (end: where its kernel events
 /// stop being complete, [`Collected::kernel_complete_until`]).
 pub fn root_cause(c: &Collected, timeline: &Timeline, reference: &Reference, from: u64) -> Report {
     let anchor = anchor(c);
     let calls: &[Call] = c.python.as_ref().map_or(&[], |p| &p.calls);
-    let anomalous = cycles(calls, anchor.as_deref(), from, c.kernel_complete_until());
+    let (anomalous, anomalous_binned) =
+        anomalous_cycles(calls, anchor.as_deref(), from, c.kernel_complete_until());
     let fa = features(c, timeline, &anomalous, anchor.as_deref());
-    let (suspects, telemetry) = root_cause::rank(&reference.cycles, &fa, resources);
+    // Thread states are ranked for the threads that carry the iteration. A thread that
+    // hardly runs (vLLM's gloo and ZMQ threads) waits longer for a CPU under any load on the
+    // host, and its waits, summed over all its namesakes, outgrew the worker's own; they do
+    // not lengthen the iteration. The trace keeps every thread.
+    let working = working_threads(&reference.cycles);
+    let (suspects, telemetry) = root_cause::rank(
+        &only_working(&reference.cycles, &working),
+        &only_working(&fa, &working),
+        resources,
+    );
+    let ranked_threads = working.into_iter().collect();
     let significant = suspects
         .first()
         .filter(|s| s.delta_beta > 0.0 && s.z_beta.abs() >= SIGNIFICANT_Z);
@@ -482,7 +615,7 @@ pub fn root_cause(c: &Collected, timeline: &Timeline, reference: &Reference, fro
         ),
         Some(s) => format!(
             "most likely {}: {} {} took {:.1} % of each cycle instead of {:.1} % (Z {:.1}){}",
-            category(s),
+            category(s, &telemetry),
             match s.kind {
                 EventKind::ThreadState => "thread state",
                 EventKind::Syscall => "syscall",
@@ -503,13 +636,239 @@ pub fn root_cause(c: &Collected, timeline: &Timeline, reference: &Reference, fro
             anchor: anchor.unwrap_or_else(|| "fixed 100 ms bins".into()),
             normal: reference.cycles.len(),
             anomalous: anomalous.len(),
+            anomalous_binned,
             reference: reference.source.clone(),
         },
         normal_cycle_ms: reference.mean_cycle_ms,
-        category: significant.map(category),
+        category: significant.map(|s| category(s, &telemetry)),
         anomalous_cycle_ms: mean_ms(&anomalous),
         suspects,
+        ranked_threads,
         telemetry,
         summary,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deep_dive::capture::ThreadInfo;
+    use probe_common::Event;
+
+    /// A context switch from `prev` (leaving in `prev_state`, preempted or not) to `next`.
+    fn switch(ts_ns: u64, prev: u32, next: u32, prev_state: u64, preempt: bool) -> Event {
+        Event {
+            ts_ns,
+            kind: event::SWITCH as u16,
+            tid: prev,
+            arg0: u64::from(next),
+            arg1: prev_state | u64::from(preempt) << 32,
+            ..Event::default()
+        }
+    }
+
+    /// `tid` enters (or leaves) sched_yield.
+    fn sched_yield(ts_ns: u64, tid: u32, enter: bool) -> Event {
+        Event {
+            ts_ns,
+            kind: if enter {
+                event::SYS_ENTER
+            } else {
+                event::SYS_EXIT
+            } as u16,
+            tid,
+            arg0: libc::SYS_sched_yield as u64,
+            ..Event::default()
+        }
+    }
+
+    #[test]
+    fn a_yield_is_not_contention_and_is_left_out_of_the_ranking() {
+        let thread = |comm: &str| ThreadInfo {
+            pid: 1,
+            comm: comm.into(),
+        };
+        let c = Collected {
+            end_ns: 500,
+            kernel: vec![
+                // The worker is preempted in user mode (no preempt flag), the spinner runs
+                // and yields, the worker runs and blocks on a page fault, the spinner is
+                // preempted in the kernel.
+                switch(0, 10, 11, 0, false),
+                sched_yield(90, 11, true),
+                switch(100, 11, 10, 0, false),
+                switch(300, 10, 11, TASK_UNINTERRUPTIBLE, false),
+                sched_yield(310, 11, false),
+                switch(400, 11, 10, 0, true),
+            ],
+            threads: [(10, thread("worker")), (11, thread("spinner"))].into(),
+            ..Collected::default()
+        };
+        let t = Timeline::build(&c);
+        let states = |tid| -> Vec<(u64, u64, State)> {
+            t.states[&tid]
+                .iter()
+                .map(|s| (s.start, s.end, s.what))
+                .collect()
+        };
+        assert_eq!(
+            states(10),
+            [
+                (0, 100, State::Runnable),
+                (100, 300, State::Running),
+                (300, 400, State::Blocked),
+                (400, 500, State::Running)
+            ]
+        );
+        assert_eq!(
+            states(11),
+            [
+                (0, 100, State::Running),
+                (100, 300, State::Yielded),
+                (300, 400, State::Running),
+                (400, 500, State::Runnable)
+            ]
+        );
+        let cycle = CycleSpan {
+            start: 0,
+            end: 400,
+            tid: 0,
+            args: BTreeMap::new(),
+        };
+        let f = features(&c, &t, &[cycle], None);
+        let shares: BTreeMap<&str, f64> = f[0]
+            .shares
+            .iter()
+            .map(|(k, v)| (k.name.as_str(), *v))
+            .collect();
+        assert_eq!(
+            shares,
+            [
+                ("blocked (D) worker", 0.25),
+                ("runnable worker", 0.25),
+                ("running spinner", 0.5),
+                ("running worker", 0.5),
+            ]
+            .into()
+        );
+    }
+
+    #[test]
+    fn only_the_threads_that_carry_the_iteration_have_their_states_ranked() {
+        let cycle = |shares: &[(EventKind, &str, f64)]| Cycle {
+            shares: shares
+                .iter()
+                .map(|(kind, name, v)| {
+                    (
+                        EventKey {
+                            kind: *kind,
+                            name: name.to_string(),
+                        },
+                        *v,
+                    )
+                })
+                .collect(),
+            utilisation: BTreeMap::new(),
+        };
+        let ts = EventKind::ThreadState;
+        let normal = [
+            cycle(&[
+                (ts, "running VLLM::Worker", 0.9),
+                (ts, "running gloo_tcp_loop", 0.01),
+                (ts, "runnable gloo_tcp_loop", 0.3),
+                (EventKind::Syscall, "poll", 0.2),
+            ]),
+            cycle(&[
+                (ts, "running VLLM::Worker", 0.02),
+                (ts, "blocked (D) VLLM::Worker", 0.1),
+                (ts, "running gloo_tcp_loop", 0.05),
+            ]),
+        ];
+        // The worker runs 46 % of the cycle on average, gloo 3 %.
+        let working = working_threads(&normal);
+        assert_eq!(working, ["VLLM::Worker".to_string()].into());
+        let kept: Vec<Vec<String>> = only_working(&normal, &working)
+            .iter()
+            .map(|c| c.shares.keys().map(|k| k.name.clone()).collect())
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                vec!["running VLLM::Worker", "poll"],
+                vec!["blocked (D) VLLM::Worker", "running VLLM::Worker"]
+            ]
+        );
+        assert_eq!(
+            parse_state_event(&state_event(State::Blocked, "a b")),
+            Some((State::Blocked, "a b"))
+        );
+        assert_eq!(parse_state_event("runnable"), None);
+    }
+
+    #[test]
+    fn blocked_time_during_reclaim_is_memory_pressure_even_when_io_moved_more() {
+        let suspect = |kind| Suspect {
+            name: "blocked (D) VLLM::Worker".into(),
+            kind,
+            score: 1.0,
+            delta_beta: 0.03,
+            z_beta: 3.0,
+            z_mu: 7.9,
+            resource: Some("psi.io.some".into()),
+            normal_beta: 0.0,
+            anomalous_beta: 0.03,
+        };
+        let shift = |name: &str, z| SeriesShift {
+            name: name.into(),
+            normal_mean: 0.0,
+            anomalous_mean: 1.0,
+            z,
+        };
+        let io_only = [shift("psi.io.some", 7.9), shift("vm.pgmajfault", 1.0)];
+        let reclaim = [shift("psi.io.some", 7.9), shift("vm.pgmajfault", 4.5)];
+        let blocked = suspect(EventKind::ThreadState);
+        assert_eq!(category(&blocked, &io_only), "I/O contention");
+        assert_eq!(category(&blocked, &reclaim), "memory pressure");
+        // A read syscall under disk contention stays I/O.
+        assert_eq!(
+            category(&suspect(EventKind::Syscall), &reclaim),
+            "I/O contention"
+        );
+    }
+
+    #[test]
+    fn a_window_without_a_complete_iteration_is_ranked_in_bins() {
+        let step = |start_ns, end_ns| Call {
+            func: "Engine.step".into(),
+            tid: 1,
+            start_ns,
+            end_ns,
+            args: BTreeMap::new(),
+            exception: false,
+        };
+        let ms = 1_000_000;
+        // One iteration inside [0, 300 ms): its cycle.
+        let (v, binned) =
+            anomalous_cycles(&[step(10 * ms, 50 * ms)], Some("Engine.step"), 0, 300 * ms);
+        assert_eq!((v.len(), binned), (1, false));
+        // The iteration outlasts the window: three 100 ms bins.
+        let (v, binned) =
+            anomalous_cycles(&[step(10 * ms, 900 * ms)], Some("Engine.step"), 0, 300 * ms);
+        assert_eq!((v.len(), binned), (3, true));
+        assert_eq!((v[2].start, v[2].end), (200 * ms, 300 * ms));
+        // Without an anchor, bins as before.
+        let (v, binned) = anomalous_cycles(&[], None, 0, 300 * ms);
+        assert_eq!((v.len(), binned), (3, false));
+    }
+
+    #[test]
+    fn the_wait_syscalls_left_out_are_syscalls_of_this_host() {
+        let known: Vec<String> = (0..512).map(syscall_names::name).collect();
+        for w in WAIT_SYSCALLS {
+            assert!(
+                known.iter().any(|k| k == w),
+                "{w} is not a syscall name here"
+            );
+        }
     }
 }

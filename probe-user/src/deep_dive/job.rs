@@ -22,8 +22,12 @@ use super::{
     registry::{Phase, Request, SuspectBrief},
 };
 use crate::{
-    clock, config::DeepDiveConfig, gpu_plane::GpuEvent, kernel_plane::KernelPlane, procfs,
-    shared::Shared,
+    clock,
+    config::DeepDiveConfig,
+    gpu_plane::GpuEvent,
+    kernel_plane::KernelPlane,
+    procfs,
+    shared::{ReferenceStatus, Shared},
 };
 
 /// The latest normal reference of each engine.
@@ -175,7 +179,7 @@ impl Job {
             .spawn(move || {
                 crate::engine::lower_cpu_priority();
                 match purpose {
-                    Purpose::Reference => keep_reference(&collected, &references),
+                    Purpose::Reference => keep_reference(&collected, &references, &writer_shared),
                     Purpose::DeepDive(req) => {
                         let reference = references.lock().expect("references").get(&pid).cloned();
                         match write_deep_dive(&collected, split, &req, reference, &dir, max_bytes) {
@@ -204,8 +208,8 @@ fn registry(shared: &Shared) -> std::sync::MutexGuard<'_, super::registry::Regis
     shared.deep_dives.lock().expect("deep-dive registry lock")
 }
 
-/// Turns a healthy capture into the engine's normal reference.
-fn keep_reference(c: &Collected, references: &References) {
+/// Turns a healthy capture into the engine's normal reference (and shows it in the status).
+fn keep_reference(c: &Collected, references: &References, shared: &Shared) {
     let timeline = Timeline::build(c);
     let taken = clock::unix_ms();
     let r = Reference::from_window(
@@ -223,6 +227,14 @@ fn keep_reference(c: &Collected, references: &References) {
         c.kernel.len()
     );
     if !r.cycles.is_empty() {
+        shared.references.lock().expect("references").insert(
+            c.pid,
+            ReferenceStatus {
+                recorded_unix_ms: taken,
+                cycles: r.cycles.len(),
+                mean_cycle_ms: r.mean_cycle_ms,
+            },
+        );
         references
             .lock()
             .expect("references")

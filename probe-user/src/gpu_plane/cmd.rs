@@ -57,6 +57,7 @@ pub fn run(args: &GpuArgs) -> Result<()> {
     let to = monotonic_ns();
     let (lost, cupti_dropped) = plane.losses();
     let version = plane.cupti_version();
+    let subscription = plane.subscription().map(|m| m.name());
     let clock = plane.clock().clone();
     let pid = plane.pid();
     let unloaded = plane.detach(&mut events)?;
@@ -82,6 +83,7 @@ pub fn run(args: &GpuArgs) -> Result<()> {
     let report = json!({
         "pid": pid,
         "cupti_version": version,
+        "subscription": subscription,
         "window_s": (to - from) as f64 / 1e9,
         "stopped_early": stopped_early,
         "summary": s,
@@ -102,7 +104,8 @@ pub fn run(args: &GpuArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "GPU plane on process {pid} (CUPTI {version}) for {:.1} s: {} kernels, {} copies, {} memsets, {} API calls, {} synchronizations",
+        "GPU plane on process {pid} (CUPTI {version}, subscriber {}) for {:.1} s: {} kernels, {} copies, {} memsets, {} API calls, {} synchronizations",
+        subscription.unwrap_or("unknown"),
         (to - from) as f64 / 1e9,
         s.kernels,
         s.memcpys,

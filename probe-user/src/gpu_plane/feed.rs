@@ -51,12 +51,19 @@ impl GpuFeed {
         })
     }
 
-    /// One line for the status: the traced processes and their CUPTI versions.
+    /// One line for the status: the traced processes, their CUPTI versions and how CUPTI is
+    /// held.
     pub fn describe(&self) -> String {
         let procs: Vec<String> = self
             .planes
             .iter()
-            .map(|g| format!("{} (CUPTI {})", g.pid(), g.cupti_version()))
+            .map(|g| {
+                let held = g.subscription().map_or("", |m| match m {
+                    cupti_sys::subscription::Mode::Shared => ", shared",
+                    _ => ", exclusive",
+                });
+                format!("{} (CUPTI {}{held})", g.pid(), g.cupti_version())
+            })
             .collect();
         format!("on: {}", procs.join(", "))
     }

@@ -272,6 +272,11 @@ impl GpuPlane {
         self.channel.cupti_version()
     }
 
+    /// How the agent holds CUPTI (None before it has subscribed).
+    pub fn subscription(&self) -> Option<cupti_sys::subscription::Mode> {
+        cupti_sys::subscription::Mode::from_code(self.channel.subscription())
+    }
+
     /// The CUPTI→monotonic mapping so far.
     pub fn clock(&self) -> &clock::ClockMap {
         &self.clock

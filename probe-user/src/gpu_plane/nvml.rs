@@ -1,11 +1,28 @@
 //! GPU telemetry from NVML (nvml-wrapper, which loads libnvidia-ml at run time): SM and memory
-//! clocks, utilisation, temperature, power, PCIe throughput, memory in use and the
-//! clock-event (throttle) reasons, per device. A host without a driver is a clean "no GPU".
+//! clocks, utilisation, temperature, power, energy, PCIe throughput, NVLink data counters,
+//! memory in use and the clock-event (throttle) reasons, per device. A host without a driver is
+//! a clean "no GPU".
 
 use nvml_wrapper::{
     enum_wrappers::device::{Clock, PcieUtilCounter, TemperatureSensor},
+    enums::device::SampleValue,
+    struct_wrappers::device::FieldValueSample,
+    structs::device::FieldId,
+    sys_exports::field_id::{
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+    },
     Nvml,
 };
+
+/// A field value as a number (None when NVML could not read it).
+fn field_number(sample: &Result<FieldValueSample, nvml_wrapper::error::NvmlError>) -> Option<f64> {
+    match sample.as_ref().ok()?.value.as_ref().ok()? {
+        SampleValue::F64(v) => Some(*v),
+        SampleValue::U32(v) => Some(f64::from(*v)),
+        SampleValue::U64(v) => Some(*v as f64),
+        SampleValue::I64(v) => Some(*v as f64),
+    }
+}
 
 /// An initialised NVML with at least one device.
 pub struct Gpus {
@@ -75,6 +92,22 @@ impl Gpus {
                 d.power_usage().ok().map(|mw| f64::from(mw) / 1e3),
             );
             put(
+                "energy",
+                "J",
+                d.total_energy_consumption().ok().map(|mj| mj as f64 / 1e3),
+            );
+            // Data sent and received over NVLink since the driver loaded (KiB counters; the
+            // trace's counter track shows the rate as its slope). Devices without NVLink
+            // answer NotSupported and are skipped.
+            if let Ok(v) = d.field_values_for(&[
+                FieldId(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX),
+                FieldId(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX),
+            ]) {
+                let mib = |i: usize| v.get(i).and_then(field_number).map(|kib| kib / 1024.0);
+                put("nvlink_tx_total", "MiB", mib(0));
+                put("nvlink_rx_total", "MiB", mib(1));
+            }
+            put(
                 "pcie_tx",
                 "MiB/s",
                 d.pcie_throughput(PcieUtilCounter::Send)
@@ -119,5 +152,25 @@ mod tests {
                 assert!(out.iter().any(|(n, _, _)| n == "gpu0.sm_clock"), "{out:?}");
             }
         }
+    }
+
+    #[test]
+    fn field_values_become_numbers_and_unsupported_ones_nothing() {
+        use nvml_wrapper::error::NvmlError;
+        let sample = |value| {
+            Ok(FieldValueSample {
+                field: FieldId(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX),
+                timestamp: 0,
+                latency: 0,
+                value,
+            })
+        };
+        assert_eq!(
+            field_number(&sample(Ok(SampleValue::U64(2048)))),
+            Some(2048.0)
+        );
+        assert_eq!(field_number(&sample(Ok(SampleValue::U32(7)))), Some(7.0));
+        assert_eq!(field_number(&sample(Err(NvmlError::NotSupported))), None);
+        assert_eq!(field_number(&Err(NvmlError::NotSupported)), None);
     }
 }
