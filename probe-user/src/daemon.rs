@@ -20,7 +20,7 @@ use crate::{
     accounting,
     config::Config,
     deep_dive::{
-        job::{Job, Purpose, References},
+        job::{Job, Purpose},
         registry::Request,
     },
     engine::Engine,
@@ -62,7 +62,6 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         threads: BTreeMap::new(),
         job: None,
         writers: Vec::new(),
-        references: References::default(),
         reference_at: BTreeMap::new(),
         alert_dive_at: None,
     };
@@ -178,8 +177,6 @@ struct Daemon<'a> {
     job: Option<Job>,
     /// Writer threads of finished captures (joined on exit, so no trace is cut short).
     writers: Vec<std::thread::JoinHandle<()>>,
-    /// Each engine's latest normal reference.
-    references: References,
     /// When each engine's last normal reference was started.
     reference_at: BTreeMap<u32, Instant>,
     /// When the last alert-triggered deep dive started (for the cooldown).
@@ -351,7 +348,6 @@ impl Daemon<'_> {
         if let Some(w) = job.finish(
             plane,
             self.shared.clone(),
-            self.references.clone(),
             dd.dir(&self.cfg.state),
             dd.max_bytes,
         ) {

@@ -115,12 +115,14 @@ async fn status(State(app): State<Arc<App>>) -> impl IntoResponse {
         .collect();
     let attach_errors = app.shared.attach_errors.lock().expect("lock").clone();
     let capture = app.shared.capture.lock().expect("capture lock").clone();
-    let references = app
+    let references: serde_json::Map<String, serde_json::Value> = app
         .shared
         .references
         .lock()
         .expect("references lock")
-        .clone();
+        .iter()
+        .map(|(pid, r)| (pid.to_string(), r.status()))
+        .collect();
     Json(json!({
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_s": app.started.elapsed().as_secs_f64(),

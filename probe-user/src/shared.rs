@@ -6,13 +6,16 @@ use std::{
     fs::{File, OpenOptions},
     io::Write,
     path::Path,
-    sync::Mutex,
+    sync::{Arc, Mutex},
 };
 
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::{deep_dive::registry::Registry, metrics::Metrics};
+use crate::{
+    deep_dive::{analysis::Reference, registry::Registry},
+    metrics::Metrics,
+};
 
 /// Alerts kept for `/api/v1/alerts`.
 const RECENT_ALERTS: usize = 256;
@@ -83,15 +86,24 @@ pub struct EngineStatus {
     pub gpu_void_ratio: Option<f64>,
 }
 
-/// An engine's normal reference, as the status shows it.
-#[derive(Debug, Clone, Serialize)]
-pub struct ReferenceStatus {
+/// An engine's latest normal reference, kept for its deep dives' ranking.
+#[derive(Debug, Clone)]
+pub struct KeptReference {
     /// When it was recorded, unix ms.
     pub recorded_unix_ms: u64,
-    /// Iteration cycles in it.
-    pub cycles: usize,
-    /// Their mean duration, ms.
-    pub mean_cycle_ms: f64,
+    /// The reference.
+    pub reference: Arc<Reference>,
+}
+
+impl KeptReference {
+    /// What the status shows of it.
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::json!({
+            "recorded_unix_ms": self.recorded_unix_ms,
+            "cycles": self.reference.cycles.len(),
+            "mean_cycle_ms": self.reference.mean_cycle_ms,
+        })
+    }
 }
 
 /// Shared between the sentinel thread and the HTTP server.
@@ -107,7 +119,7 @@ pub struct Shared {
     /// The capture running now (a deep dive or a normal-reference recording), if any.
     pub capture: Mutex<Option<String>>,
     /// Each engine's latest normal reference, by pid.
-    pub references: Mutex<BTreeMap<u32, ReferenceStatus>>,
+    pub references: Mutex<BTreeMap<u32, KeptReference>>,
     alerts: Mutex<VecDeque<Alert>>,
     log: Mutex<File>,
 }

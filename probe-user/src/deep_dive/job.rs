@@ -7,7 +7,7 @@ use std::{
     collections::BTreeMap,
     io::BufWriter,
     path::PathBuf,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -27,11 +27,8 @@ use crate::{
     gpu_plane::GpuEvent,
     kernel_plane::KernelPlane,
     procfs,
-    shared::{ReferenceStatus, Shared},
+    shared::{KeptReference, Shared},
 };
-
-/// The latest normal reference of each engine.
-pub type References = Arc<Mutex<BTreeMap<u32, Arc<Reference>>>>;
 
 /// Suspects listed in a deep dive's record.
 const LISTED_SUSPECTS: usize = 5;
@@ -143,13 +140,12 @@ impl Job {
     }
 
     /// Stops capturing and writes the result on a low-priority thread (returned): a
-    /// reference goes to `references`, a deep dive's trace and report to `dir`, its outcome
-    /// to its record.
+    /// reference goes to the shared references, a deep dive's trace and report to `dir`, its
+    /// outcome to its record.
     pub fn finish(
         self,
         plane: &mut KernelPlane,
         shared: Arc<Shared>,
-        references: References,
         dir: PathBuf,
         max_bytes: u64,
     ) -> Option<std::thread::JoinHandle<()>> {
@@ -179,9 +175,14 @@ impl Job {
             .spawn(move || {
                 crate::engine::lower_cpu_priority();
                 match purpose {
-                    Purpose::Reference => keep_reference(&collected, &references, &writer_shared),
+                    Purpose::Reference => keep_reference(&collected, &writer_shared),
                     Purpose::DeepDive(req) => {
-                        let reference = references.lock().expect("references").get(&pid).cloned();
+                        let reference = writer_shared
+                            .references
+                            .lock()
+                            .expect("references")
+                            .get(&pid)
+                            .map(|k| k.reference.clone());
                         match write_deep_dive(&collected, split, &req, reference, &dir, max_bytes) {
                             Ok(done) => registry(&writer_shared).update(req.id, done),
                             Err(e) => {
@@ -209,7 +210,7 @@ fn registry(shared: &Shared) -> std::sync::MutexGuard<'_, super::registry::Regis
 }
 
 /// Turns a healthy capture into the engine's normal reference (and shows it in the status).
-fn keep_reference(c: &Collected, references: &References, shared: &Shared) {
+fn keep_reference(c: &Collected, shared: &Shared) {
     let timeline = Timeline::build(c);
     let taken = clock::unix_ms();
     let r = Reference::from_window(
@@ -229,16 +230,11 @@ fn keep_reference(c: &Collected, references: &References, shared: &Shared) {
     if !r.cycles.is_empty() {
         shared.references.lock().expect("references").insert(
             c.pid,
-            ReferenceStatus {
+            KeptReference {
                 recorded_unix_ms: taken,
-                cycles: r.cycles.len(),
-                mean_cycle_ms: r.mean_cycle_ms,
+                reference: Arc::new(r),
             },
         );
-        references
-            .lock()
-            .expect("references")
-            .insert(c.pid, Arc::new(r));
     }
 }
 
