@@ -547,6 +547,9 @@ fn working_threads(normal: &[Cycle]) -> BTreeSet<String> {
     let mut running: BTreeMap<&str, f64> = BTreeMap::new();
     for c in normal {
         for (k, v) in &c.shares {
+            if k.kind != EventKind::ThreadState {
+                continue;
+            }
             if let Some((State::Running, comm)) = parse_state_event(&k.name) {
                 *running.entry(comm).or_default() += v;
             }
