@@ -11,6 +11,7 @@ use serde_json::Value;
 mod common;
 use common::{
     expect_failure, python_check, require_root, stallscope, start_engine, start_hog, tmpdir,
+    TOY_HOG_SPIN,
 };
 
 const STEP: &str = "__main__:Engine.step";
@@ -46,7 +47,7 @@ fn trace_is_valid_aligned_and_a_cpu_hog_ranks_first() {
     let mut dd = deep_dive(pid, &dir, "3s", "3s").spawn().unwrap();
     // The hog starts inside the deep-dive window (after the 3 s reference).
     std::thread::sleep(Duration::from_millis(3600));
-    let hog = start_hog();
+    let hog = start_hog("0", TOY_HOG_SPIN);
     let status = dd.wait().unwrap();
     drop(hog);
     assert!(status.success(), "deep-dive failed: {status}");

@@ -17,7 +17,7 @@ use serde_json::Value;
 mod common;
 use common::{
     expect_failure, expect_success, free_port, http_get, http_request, python, python_check,
-    require_root, stallscope, start_engine, start_hog, tmpdir, Proc,
+    require_root, stallscope, start_engine, start_hog, tmpdir, Proc, TOY_HOG_SPIN,
 };
 use perfetto_writer::read;
 
@@ -52,11 +52,13 @@ poll_interval = "1ms"
 theta_max = 0.5
 # This host's CPU 0 slows the toy engine by 30-50 % for seconds at a time with nothing injected
 # (per-request step time swinging between 1.0 and 1.5 ms from one second to the next); the hog
-# triples step times (E about 0.67).
+# stretches one step in every six or seven by its 40 ms spin (E of that step 10-60).
 theta_min = 0.4
 k_sigma = 3.0
 window = 10
-start_after = 5
+# The toy's steps last about 3 ms, vLLM's about 25: 40 of them hold an alert back for about as
+# long as the default 5 do on vLLM (a blip of 14 toy steps, 50 ms, alerted with 5 here).
+start_after = 40
 warmup_samples = {warmup}
 refit_every = 0
 max_training_samples = 20000
@@ -218,7 +220,7 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
     let alerts: Value = serde_json::from_str(&http_get(d.port, "/api/v1/alerts")).unwrap();
     assert_eq!(alerts.as_array().unwrap().len(), 0, "false alert: {alerts}");
     // A CPU hog on the engine's CPU: an alert within seconds.
-    let hog = start_hog();
+    let hog = start_hog("0", TOY_HOG_SPIN);
     let t = Instant::now();
     d.wait_for("alert", Duration::from_secs(10), |d| {
         d.engine().is_some_and(|e| e["anomaly_active"] == true)

@@ -20,7 +20,7 @@ use std::{
 use serde_json::Value;
 
 mod common;
-use common::{free_port, http_get, require_root, stallscope, Proc};
+use common::{free_port, http_get, require_root, stallscope, start_hog, Proc};
 
 /// Steady load with no alert for this long after the model is fitted: 10 minutes, or
 /// STALLSCOPE_VLLM_STEADY_S seconds (shorter runs while developing).
@@ -52,23 +52,6 @@ fn engine_cpus(engine_pid: u64) -> String {
         .unwrap()
         .trim()
         .to_string()
-}
-
-/// A CPU hog on `cpus` that takes two thirds of each CPU (spin 40 ms, sleep 20 ms).
-///
-/// SCHED_FIFO priority 1: on this kind of host (kernel 6.18, autogroup) a SCHED_OTHER busy loop
-/// pinned to the worker's CPU got no CPU time at all while vLLM decoded (measured: the worker
-/// kept 100 % of its CPU, step times unchanged), so an ordinary hog does not contend. The duty
-/// cycle bounds the stall; `timeout` bounds its life.
-fn start_hog(cpus: &str) -> Proc {
-    let spin = "import time\nwhile True:\n    t = time.monotonic() + 0.040\n    while time.monotonic() < t: pass\n    time.sleep(0.020)\n";
-    Proc::spawn(
-        Command::new("timeout")
-            .args([
-                "120", "chrt", "-f", "1", "taskset", "-c", cpus, "python3", "-c",
-            ])
-            .arg(spin),
-    )
 }
 
 /// One line of vLLM's iteration log.
@@ -445,7 +428,7 @@ fn sentinel_on_real_vllm() {
 
     // A CPU hog on the engine's CPUs: an alert within seconds.
     let cpus = engine_cpus(engine_pid);
-    let hog = start_hog(&cpus);
+    let hog = start_hog(&cpus, Duration::from_millis(40));
     let t = Instant::now();
     let status_at_hog = http_get(port, "/api/v1/status");
     let hog_alert = || {

@@ -193,18 +193,24 @@ fn is_not_python(e: &anyhow::Error) -> bool {
     })
 }
 
-/// A process's name and command line, read once per rescan.
+/// A process's name and command line, read once per rescan (None: the read failed).
 struct Named {
     pid: u32,
-    comm: String,
-    cmdline: String,
+    comm: Option<String>,
+    cmdline: Option<String>,
 }
 
 impl Named {
     fn matches(&self, patterns: &[String]) -> bool {
+        let has = |s: &Option<String>, p: &str| s.as_deref().is_some_and(|s| s.contains(p));
         patterns
             .iter()
-            .any(|p| self.comm.contains(p.as_str()) || self.cmdline.contains(p.as_str()))
+            .any(|p| has(&self.comm, p) || has(&self.cmdline, p))
+    }
+
+    /// Whether the name or the command line could not be read.
+    fn unread(&self) -> bool {
+        self.comm.is_none() || self.cmdline.is_none()
     }
 }
 
@@ -437,14 +443,19 @@ impl Daemon<'_> {
             .filter(|&p| p != me)
             .map(|pid| Named {
                 pid,
-                comm: procfs::thread_comm(pid, pid).unwrap_or_default(),
-                cmdline: procfs::cmdline(pid).unwrap_or_default(),
+                comm: procfs::thread_comm(pid, pid),
+                cmdline: procfs::cmdline(pid),
             })
             .collect();
         let explicit = &self.cfg.watch.pids;
         let engines: BTreeSet<u32> = if explicit.is_empty() {
+            // An attached engine whose name could not be read this time (a /proc read that
+            // failed, not one that no longer matches) stays: only its exit detaches it.
             all.iter()
-                .filter(|p| p.matches(&self.cfg.sentinel.engine_patterns))
+                .filter(|p| {
+                    p.matches(&self.cfg.sentinel.engine_patterns)
+                        || (p.unread() && self.engines.contains_key(&p.pid))
+                })
                 .map(|p| p.pid)
                 .collect()
         } else {
@@ -564,5 +575,28 @@ impl Daemon<'_> {
         }
         plane.forget_threads(&exited);
         now
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Named;
+
+    #[test]
+    fn a_process_is_matched_on_what_could_be_read() {
+        let patterns = ["VLLM::EngineCore".to_string()];
+        let engine = |cmdline: Option<&str>| Named {
+            pid: 7,
+            // comm is cut to 15 bytes: only the command line carries the whole name.
+            comm: Some("VLLM::EngineCor".into()),
+            cmdline: cmdline.map(str::to_string),
+        };
+        assert!(engine(Some("VLLM::EngineCore")).matches(&patterns));
+        assert!(!engine(Some("VLLM::EngineCore")).unread());
+        // A failed cmdline read neither matches nor counts as a process that stopped matching.
+        assert!(!engine(None).matches(&patterns));
+        assert!(engine(None).unread());
+        assert!(!engine(Some("python other.py")).matches(&patterns));
+        assert!(!engine(Some("python other.py")).unread());
     }
 }

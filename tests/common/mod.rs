@@ -192,6 +192,9 @@ pub fn tmpdir(name: &str) -> PathBuf {
     d
 }
 
+/// The hog's spin for the toy engine, whose steps take about 3 ms ([`start_hog`]).
+pub const TOY_HOG_SPIN: Duration = Duration::from_millis(2);
+
 /// The toy engine, pinned to CPU 0.
 pub fn start_engine() -> Proc {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_engine.py");
@@ -208,13 +211,27 @@ pub fn start_engine() -> Proc {
     p
 }
 
-/// Two busy loops on CPU 0: the engine's steps take about three times as long.
-pub fn start_hog() -> Proc {
-    Proc::spawn(Command::new("taskset").args([
-        "-c",
-        "0",
-        "sh",
-        "-c",
-        "while :; do :; done & while :; do :; done",
-    ]))
+/// A CPU hog on `cpus` that takes two thirds of each CPU: spins for `spin`, sleeps half as
+/// long. Pick `spin` near the engine's step time so that every step is stretched (the toy
+/// engine: 2 ms; vLLM: 40 ms): the sentinel's error is bounded below 1 per step, so a hog that
+/// stretches one step in many moves the moving mean little.
+///
+/// SCHED_FIFO priority 1: on this kind of host (kernel 6.18, EEVDF, autogroup) an ordinary
+/// busy loop hardly slows a thread that sleeps between its steps: the woken thread runs its
+/// step at full speed and only starts it later (measured on the toy engine: median step
+/// unchanged under two busy loops), and a busy loop pinned to vLLM's worker CPU got no CPU
+/// time at all. `timeout` bounds its life.
+pub fn start_hog(cpus: &str, spin: Duration) -> Proc {
+    let script = format!(
+        "import time\nwhile True:\n    t = time.monotonic() + {spin}\n    while time.monotonic() < t: pass\n    time.sleep({sleep})\n",
+        spin = spin.as_secs_f64(),
+        sleep = spin.as_secs_f64() / 2.0
+    );
+    Proc::spawn(
+        Command::new("timeout")
+            .args([
+                "120", "chrt", "-f", "1", "taskset", "-c", cpus, "python3", "-c",
+            ])
+            .arg(script),
+    )
 }
