@@ -206,22 +206,30 @@ fn sentinel_on_real_vllm() {
             .stderr(Stdio::null()),
     );
     let port = free_port();
-    let cfg = std::fs::read_to_string(
+    let default = std::fs::read_to_string(
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../probe-user/config/default.toml"),
     )
-    .unwrap()
-    .replace(
-        "listen = \"127.0.0.1:9464\"",
-        &format!("listen = \"127.0.0.1:{port}\""),
-    )
-    .replace(
-        "dir = \"/var/lib/stallscope\"",
-        &format!("dir = \"{}\"", dir.display()),
-    )
-    .replace(
-        "iterations_csv = \"\"",
-        &format!("iterations_csv = \"{}/iterations.csv\"", dir.display()),
+    .unwrap();
+    // The steady window's alerts (up to 5 % of its iterations may be flagged) can take the
+    // default six deep dives an hour; the hog's deep dive at the end needs one more.
+    assert!(
+        default.contains("max_per_hour = 6"),
+        "the default config changed"
     );
+    let cfg = default
+        .replace("max_per_hour = 6", "max_per_hour = 60")
+        .replace(
+            "listen = \"127.0.0.1:9464\"",
+            &format!("listen = \"127.0.0.1:{port}\""),
+        )
+        .replace(
+            "dir = \"/var/lib/stallscope\"",
+            &format!("dir = \"{}\"", dir.display()),
+        )
+        .replace(
+            "iterations_csv = \"\"",
+            &format!("iterations_csv = \"{}/iterations.csv\"", dir.display()),
+        );
     std::fs::write(dir.join("config.toml"), cfg).unwrap();
     let daemon_log = dir.join("daemon.log");
     let mut daemon = Proc::spawn(
