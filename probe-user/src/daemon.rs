@@ -212,6 +212,12 @@ impl Named {
     fn unread(&self) -> bool {
         self.comm.is_none() || self.cmdline.is_none()
     }
+
+    /// Whether it matches `patterns`; a process that matched before (`was`) and whose name
+    /// could not be read this time (a failed /proc read, not a name that changed) still does.
+    fn still_matches(&self, patterns: &[String], was: bool) -> bool {
+        self.matches(patterns) || (was && self.unread())
+    }
 }
 
 impl Daemon<'_> {
@@ -449,12 +455,12 @@ impl Daemon<'_> {
             .collect();
         let explicit = &self.cfg.watch.pids;
         let engines: BTreeSet<u32> = if explicit.is_empty() {
-            // An attached engine whose name could not be read this time (a /proc read that
-            // failed, not one that no longer matches) stays: only its exit detaches it.
             all.iter()
                 .filter(|p| {
-                    p.matches(&self.cfg.sentinel.engine_patterns)
-                        || (p.unread() && self.engines.contains_key(&p.pid))
+                    p.still_matches(
+                        &self.cfg.sentinel.engine_patterns,
+                        self.engines.contains_key(&p.pid),
+                    )
                 })
                 .map(|p| p.pid)
                 .collect()
@@ -467,7 +473,12 @@ impl Daemon<'_> {
         };
         let mut wanted: BTreeSet<u32> = all
             .iter()
-            .filter(|p| p.matches(&self.cfg.watch.process_patterns))
+            .filter(|p| {
+                p.still_matches(
+                    &self.cfg.watch.process_patterns,
+                    self.watched.contains(&p.pid),
+                )
+            })
             .map(|p| p.pid)
             .collect();
         wanted.extend(&engines);
@@ -593,10 +604,15 @@ mod tests {
         };
         assert!(engine(Some("VLLM::EngineCore")).matches(&patterns));
         assert!(!engine(Some("VLLM::EngineCore")).unread());
-        // A failed cmdline read neither matches nor counts as a process that stopped matching.
+        // A failed cmdline read neither matches nor counts as a process that stopped matching:
+        // one that matched before still does.
         assert!(!engine(None).matches(&patterns));
         assert!(engine(None).unread());
+        assert!(engine(None).still_matches(&patterns, true));
+        assert!(!engine(None).still_matches(&patterns, false));
+        // A name that was read and no longer matches does not.
         assert!(!engine(Some("python other.py")).matches(&patterns));
         assert!(!engine(Some("python other.py")).unread());
+        assert!(!engine(Some("python other.py")).still_matches(&patterns, true));
     }
 }

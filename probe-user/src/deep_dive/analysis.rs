@@ -63,6 +63,15 @@ fn parse_state_event(name: &str) -> Option<(State, &str)> {
     })
 }
 
+/// The state and thread name of a ranking event, if it is a thread state.
+fn thread_state(k: &EventKey) -> Option<(State, &str)> {
+    if k.kind == EventKind::ThreadState {
+        parse_state_event(&k.name)
+    } else {
+        None
+    }
+}
+
 /// A closed interval on one thread.
 #[derive(Debug, Clone)]
 pub struct Span<T> {
@@ -547,10 +556,7 @@ fn working_threads(normal: &[Cycle]) -> BTreeSet<String> {
     let mut running: BTreeMap<&str, f64> = BTreeMap::new();
     for c in normal {
         for (k, v) in &c.shares {
-            if k.kind != EventKind::ThreadState {
-                continue;
-            }
-            if let Some((State::Running, comm)) = parse_state_event(&k.name) {
+            if let Some((State::Running, comm)) = thread_state(k) {
                 *running.entry(comm).or_default() += v;
             }
         }
@@ -570,10 +576,7 @@ fn only_working(cycles: &[Cycle], working: &BTreeSet<String>) -> Vec<Cycle> {
             shares: c
                 .shares
                 .iter()
-                .filter(|(k, _)| match parse_state_event(&k.name) {
-                    Some((_, comm)) if k.kind == EventKind::ThreadState => working.contains(comm),
-                    _ => true,
-                })
+                .filter(|(k, _)| thread_state(k).is_none_or(|(_, comm)| working.contains(comm)))
                 .map(|(k, v)| (k.clone(), *v))
                 .collect(),
             utilisation: c.utilisation.clone(),
