@@ -5,11 +5,12 @@
 //! re-attach while the library is still loaded). The thread maps the channel the daemon
 //! created (`/dev/shm/stallscope-gpu-<pid>`; without it the thread just ends), loads the
 //! process's own libcupti, subscribes (sharing CUPTI with other tools where CUPTI >= 13.3
-//! can; a slot held by a tool that does not share is reported, never fought), enables kernel, memcpy, memset, runtime/driver API, synchronization and
-//! external-correlation records, and forwards them through the channel with clock
-//! calibration samples. When the daemon asks to detach, or stops beating for 30 s, it
-//! disables, flushes and unsubscribes (and finalizes CUPTI unless it shares it), then ends, after which the library
-//! can be unloaded. Nothing here panics across FFI: every entry point catches unwinds.
+//! can; a slot held by a tool that does not share is reported, never fought), enables
+//! kernel, memcpy, memset, runtime/driver API, synchronization and external-correlation
+//! records, and forwards them through the channel with clock calibration samples. When the
+//! daemon asks to detach, or stops beating for 30 s, it disables, flushes and unsubscribes
+//! (and finalizes CUPTI unless it shares it), then ends, after which the library can be
+//! unloaded. Nothing here panics across FFI: every entry point catches unwinds.
 
 mod forward;
 mod shm;
