@@ -389,6 +389,49 @@ fn attach_is_idempotent() {
     assert!(target.wait_clean_report());
 }
 
+/// The session keeps the probe's lease, not the draining: a reader that drains nothing for three
+/// leases (held up, starved of CPU) keeps its probe, which goes on recording. A session dropped
+/// without a detach (its process went away) lets the lease run out: the probe removes itself and
+/// unmaps the ring.
+#[test]
+fn the_lease_outlives_a_slow_reader_and_runs_out_without_one() {
+    require_root();
+    let target = Target::start("3.12", &["sleep"]);
+    target.wait_progress(5);
+    let options = AttachOptions {
+        lease: Duration::from_secs(1),
+        ..attach_options()
+    };
+    let session = Session::attach(target.pid, options).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        session.probe_attached() && !session.probe_removed(),
+        "the probe removed itself while the session lived"
+    );
+    let mut records = Vec::new();
+    session.drain(&mut records);
+    let now = pyframe_tracer::clock::monotonic_ns();
+    assert!(
+        records.iter().any(|r| r.exit_ns > now - 500_000_000),
+        "no record in the last 0.5 s of {}",
+        records.len()
+    );
+    drop(session);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let probe_gone = || {
+        target.wait_clean_report()
+            && !std::fs::read_to_string(format!("/proc/{}/maps", target.pid))
+                .unwrap()
+                .contains("stallscope")
+    };
+    while !probe_gone() {
+        assert!(
+            Instant::now() < deadline,
+            "the probe stayed after its lease ran out"
+        );
+    }
+}
+
 /// The main thread is blocked in read(): the request cannot run, is cancelled, and when the thread later
 /// returns to Python nothing happens; a later attach then works.
 #[test]

@@ -474,6 +474,56 @@ fn engine_exit_is_survived_and_sigterm_exits_cleanly() {
     assert!(d.stop().success(), "{}", d.log());
 }
 
+/// A daemon stopped for longer than the probes' lease loses them (they remove themselves, as
+/// after a kill); once it runs again it says so, attaches them again and the engine's
+/// iterations come back. CI saw the daemon starved past the lease and then silent for good.
+#[test]
+fn probes_whose_lease_ran_out_are_attached_again() {
+    require_root();
+    let dir = tmpdir("lease");
+    let engine = start_engine();
+    let port = free_port();
+    let cfg = config(&dir, engine.0.id(), port, 100_000);
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        "poll_interval = \"1ms\"",
+        "poll_interval = \"1ms\"\nprobe_lease = \"2s\"",
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let mut d = Daemon::start_with(&dir, port, cfg);
+    let iterations = |d: &Daemon| -> u64 {
+        d.engine().map_or(0, |e| {
+            e["iterations"]
+                .as_object()
+                .map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
+        })
+    };
+    d.wait_for("iterations", Duration::from_secs(30), |d| {
+        iterations(d) > 100
+    });
+    let pid = d.child.as_ref().unwrap().id() as i32;
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_secs(5));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    d.wait_for("the probes' removal", Duration::from_secs(10), |d| {
+        d.log().contains("its probes removed themselves")
+    });
+    // Attached again: a fresh count that grows.
+    d.wait_for(
+        "iterations after the new attach",
+        Duration::from_secs(30),
+        |d| iterations(d) > 100,
+    );
+    let log = d.log();
+    assert_eq!(
+        log.matches("attached (generic").count(),
+        2,
+        "one attach, then one more:\n{log}"
+    );
+    assert!(d.stop().success(), "{log}");
+}
+
 #[test]
 fn an_engine_stuck_in_a_c_call_does_not_hold_up_the_others() {
     require_root();

@@ -178,6 +178,11 @@ pub struct SentinelConfig {
     /// Ring drain period.
     #[serde(with = "duration_text")]
     pub poll_interval: Duration,
+    /// The probes in an engine remove themselves when stallscope has not renewed their lease
+    /// for this long (stallscope was killed); the daemon then attaches them again if it is
+    /// still there (absent: 30 s).
+    #[serde(with = "duration_text", default = "probe_lease")]
+    pub probe_lease: Duration,
     /// θmax.
     pub theta_max: f64,
     /// θmin: the UCL never goes below it (0, the default, is no floor).
@@ -205,6 +210,10 @@ pub struct SentinelConfig {
 
 fn on() -> bool {
     true
+}
+
+fn probe_lease() -> Duration {
+    Duration::from_secs(30)
 }
 
 impl SentinelConfig {
@@ -304,6 +313,9 @@ impl Config {
         }
         if s.poll_interval.is_zero() {
             bail!("sentinel.poll_interval must be above zero (such as \"1ms\")");
+        }
+        if s.probe_lease < Duration::from_secs(1) {
+            bail!("sentinel.probe_lease must be at least 1s (such as \"30s\"): the probes check it once a second");
         }
         s.watch_specs()?;
         self.deep_dive.validate()?;

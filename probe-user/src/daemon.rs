@@ -49,7 +49,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         Some(IterationCsv::create(&cfg.state.iterations_csv)?)
     };
     let mut plane = KernelPlane::load(&features)?;
-    let (mark, _watchdog) = loop_watchdog::start()?;
+    let (mark, _watchdog) = loop_watchdog::start(cfg.sentinel.poll_interval)?;
     let mut daemon = Daemon {
         mark,
         cfg,
@@ -115,6 +115,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         for e in daemon.engines.values_mut() {
             e.tick(&shared, &mut export);
         }
+        daemon.reattach_expired();
         daemon.mark.enter(Phase::DeepDive);
         daemon.deep_dives(&mut plane);
         if Instant::now() >= report_at {
@@ -140,9 +141,8 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
             daemon.engines.insert(pid, e);
         }
     }
-    for (_, e) in std::mem::take(&mut daemon.engines) {
-        let threads = daemon.thread_labels(e.pid);
-        e.detach(&shared, &threads);
+    for pid in daemon.engines.keys().copied().collect::<Vec<_>>() {
+        daemon.remove_engine(pid);
     }
     if let Some(out) = &mut export {
         out.flush()?;
@@ -440,6 +440,32 @@ impl Daemon<'_> {
         }
     }
 
+    /// Detaches an engine and removes its status and series.
+    fn remove_engine(&mut self, pid: u32) {
+        let threads = self.thread_labels(pid);
+        if let Some(e) = self.engines.remove(&pid) {
+            e.detach(&self.shared, &threads);
+        }
+    }
+
+    /// Engines whose probes removed themselves (their lease ran out while this process was
+    /// stopped or starved) are let go here; the next rescan attaches them again.
+    fn reattach_expired(&mut self) {
+        let expired: Vec<u32> = self
+            .engines
+            .iter()
+            .filter(|(_, e)| e.probes_removed())
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in expired {
+            warn!(
+                "engine {pid}: its probes removed themselves: stallscope did not renew their lease for {:?} ([sentinel] probe_lease; was it stopped, or starved of CPU?); attaching them again",
+                self.cfg.sentinel.probe_lease
+            );
+            self.remove_engine(pid);
+        }
+    }
+
     /// Follows processes coming and going: kernel-plane watches and sentinel engines (whose
     /// attaches start here and finish on their own threads).
     fn rescan(&mut self, plane: &mut KernelPlane) {
@@ -491,10 +517,7 @@ impl Daemon<'_> {
             .collect();
         for pid in gone {
             info!("engine {pid} exited; waiting for it (or a restarted engine) to appear");
-            let threads = self.thread_labels(pid);
-            if let Some(e) = self.engines.remove(&pid) {
-                e.detach(&self.shared, &threads);
-            }
+            self.remove_engine(pid);
         }
         for &pid in &engines {
             if self.engines.contains_key(&pid)

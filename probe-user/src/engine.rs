@@ -87,6 +87,7 @@ impl Engine {
             AttachOptions {
                 framework,
                 specs: cfg.sentinel.watch_specs()?,
+                lease: cfg.sentinel.probe_lease,
                 ..AttachOptions::default()
             },
         )
@@ -268,7 +269,7 @@ impl Engine {
         }
         if v.alert_started {
             let alert = Alert {
-                id: m.alerts.with_label_values(&pid).get() + 1,
+                id: shared.next_alert_id(self.pid),
                 pid: self.pid,
                 started_unix_ms: unix_ms(),
                 trigger_iteration_end_ns: it.end_ns,
@@ -310,6 +311,12 @@ impl Engine {
                 *export = None;
             }
         }
+    }
+
+    /// Whether the engine's probes removed themselves (their lease ran out): no record comes
+    /// any more until they are attached again.
+    pub fn probes_removed(&self) -> bool {
+        self.session.probe_removed()
     }
 
     /// The id of an alert that started since the last call.

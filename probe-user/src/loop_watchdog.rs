@@ -3,6 +3,8 @@
 //! sign. The loop marks each phase it enters; a thread of its own checks that the mark moves
 //! and logs a warning naming the phase, the loop thread's state and kernel wait channel when
 //! it has not moved for [`STUCK_AFTER`], then how long the hold-up lasted once it is over.
+//! The sleep between passes counts too once it outlasts its own length by [`STUCK_AFTER`]:
+//! a loop thread that does not wake up is starved of CPU.
 
 use std::{
     sync::{
@@ -105,8 +107,8 @@ impl Drop for Watchdog {
     }
 }
 
-/// Starts watching the calling thread's loop.
-pub fn start() -> std::io::Result<(Marker, Watchdog)> {
+/// Starts watching the calling thread's loop, which sleeps `idle` between passes.
+pub fn start(idle: Duration) -> std::io::Result<(Marker, Watchdog)> {
     let state = Arc::new(State {
         since_ns: AtomicU64::new(clock::monotonic_ns()),
         phase: AtomicU8::new(Phase::Idle as u8),
@@ -117,7 +119,7 @@ pub fn start() -> std::io::Result<(Marker, Watchdog)> {
     let watched = state.clone();
     let handle = std::thread::Builder::new()
         .name("stallscope-watchdog".into())
-        .spawn(move || watch(&watched))?;
+        .spawn(move || watch(&watched, idle))?;
     Ok((
         Marker {
             state: state.clone(),
@@ -129,7 +131,7 @@ pub fn start() -> std::io::Result<(Marker, Watchdog)> {
     ))
 }
 
-fn watch(s: &State) {
+fn watch(s: &State, idle: Duration) {
     // The pass being reported as stuck: its start.
     let mut reported: Option<u64> = None;
     while !s.stop.load(Ordering::Relaxed) {
@@ -145,7 +147,14 @@ fn watch(s: &State) {
                 );
                 reported = None;
             }
-            None if held >= STUCK_AFTER && phase != Phase::Idle => {
+            None if held
+                >= STUCK_AFTER
+                    + if phase == Phase::Idle {
+                        idle
+                    } else {
+                        Duration::ZERO
+                    } =>
+            {
                 let tid = s.tid.load(Ordering::Relaxed);
                 warn!(
                     "the daemon's loop has been held up for {held:.1?} in {}: no alerts while it lasts (loop thread {tid}: {})",

@@ -121,6 +121,9 @@ pub struct Shared {
     /// Each engine's latest normal reference, by pid.
     pub references: Mutex<BTreeMap<u32, KeptReference>>,
     alerts: Mutex<VecDeque<Alert>>,
+    /// The last alert id of each pid: kept when an engine is let go, so that one attached
+    /// again goes on counting instead of reusing ids.
+    alert_ids: Mutex<BTreeMap<u32, u64>>,
     log: Mutex<File>,
 }
 
@@ -149,8 +152,17 @@ impl Shared {
             capture: Mutex::new(None),
             references: Mutex::new(BTreeMap::new()),
             alerts: Mutex::new(VecDeque::new()),
+            alert_ids: Mutex::new(BTreeMap::new()),
             log: Mutex::new(log),
         })
+    }
+
+    /// The id of a new alert of engine `pid`.
+    pub fn next_alert_id(&self, pid: u32) -> u64 {
+        let mut ids = self.alert_ids.lock().expect("alert ids lock");
+        let id = ids.entry(pid).or_default();
+        *id += 1;
+        *id
     }
 
     /// Records an alert event (`alert_start` or `alert_end`) in memory and in the log.

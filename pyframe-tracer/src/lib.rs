@@ -4,7 +4,7 @@
 //! - [`remote_call`]: the ptrace remote-call primitive (also used by the GPU plane to load its agent).
 //! - [`python`], [`inject`], [`pep768`]: find the runtime and run Python source at a safe point.
 //! - `probe.py` (embedded): the code that runs inside the target.
-//! - [`ring`]: the shared-memory ring the probe writes records into.
+//! - [`ring`]: the shared-memory ring the probe writes records into; [`lease`]: its heartbeat.
 //! - [`watch_spec`], [`profiles`]: what to watch.
 //! - [`session`]: one attachment, end to end.
 //! - [`sampling`]: py-spy stack samples (non-blocking) for deep dives and hang dumps.
@@ -12,6 +12,7 @@
 pub mod clock;
 pub mod error;
 pub mod inject;
+pub mod lease;
 pub mod maps;
 pub mod memory;
 pub mod pep768;

@@ -177,6 +177,12 @@ impl Ring {
         self.store(OFF_HEARTBEAT, now_ns);
     }
 
+    /// The last heartbeat written.
+    #[cfg(test)]
+    pub(crate) fn read_heartbeat(&self) -> u64 {
+        self.load(OFF_HEARTBEAT)
+    }
+
     /// Probe state: 0 never attached, 1 attached, 2 detached.
     pub fn probe_state(&self) -> u64 {
         self.load(OFF_STATE)

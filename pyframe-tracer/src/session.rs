@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -10,6 +11,7 @@ use serde_json::json;
 
 use crate::error::{Error, Result};
 use crate::inject::{self, QueueCost};
+use crate::lease::LeaseKeeper;
 use crate::procfs;
 use crate::profiles::{Profile, Role};
 use crate::python::{self, PythonRuntime};
@@ -125,7 +127,9 @@ pub struct Call {
 pub struct Session {
     pid: i32,
     runtime: PythonRuntime,
-    ring: Ring,
+    ring: Arc<Ring>,
+    /// Renews the probe's lease while the session lives.
+    lease: Option<LeaseKeeper>,
     ring_in_target: String,
     seq: u64,
     options: AttachOptions,
@@ -150,10 +154,16 @@ impl Session {
         let ring = Ring::create(&host_path, options.lanes, options.lane_capacity)
             .map_err(|e| Error::io(format!("creating {}", host_path.display()), e))?;
         give_to_target(pid, &host_path)?;
+        let ring = Arc::new(ring);
+        // Kept from before the attach request: the target may take longer than a short lease
+        // to run it, and the probe checks the lease from its first call.
+        let lease = LeaseKeeper::start(ring.clone(), options.lease)
+            .map_err(|e| Error::io("starting the lease thread", e))?;
         let mut session = Session {
             pid,
             runtime,
             ring,
+            lease: Some(lease),
             ring_in_target,
             seq: 0,
             options,
@@ -272,9 +282,8 @@ impl Session {
         &self.runtime
     }
 
-    /// Moves new records into `out` and renews the probe's lease.
+    /// Moves new records into `out` (the lease is renewed by a thread of its own, not here).
     pub fn drain(&self, out: &mut Vec<Record>) -> usize {
-        self.ring.heartbeat(crate::clock::monotonic_ns());
         self.ring.drain(out)
     }
 
@@ -286,6 +295,13 @@ impl Session {
     /// Whether the probe is still installed (it removes itself if its lease expires).
     pub fn probe_attached(&self) -> bool {
         self.ring.probe_state() == 1
+    }
+
+    /// Whether the probe removed itself: its lease ran out (this process stopped for longer
+    /// than the lease) or something else detached it. Its records have stopped for good; a
+    /// new attach puts it back.
+    pub fn probe_removed(&self) -> bool {
+        self.ring.probe_state() == 2
     }
 
     /// Decodes a record with this session's probe table.
@@ -316,7 +332,11 @@ impl Session {
     /// If the target cannot run the request (its main thread is blocked outside Python, as an idle engine
     /// waiting for work is), the probe's lease is expired instead: it removes itself at its next watched call.
     pub fn detach(mut self) -> Result<Duration> {
-        match self.detach_request() {
+        let result = self.detach_request();
+        if let Some(lease) = self.lease.take() {
+            lease.stop();
+        }
+        match result {
             Ok(()) => Ok(self.pause),
             Err(e) => {
                 self.ring.heartbeat(1);
@@ -326,7 +346,7 @@ impl Session {
     }
 
     fn detach_request(&mut self) -> Result<()> {
-        if !self.probe_attached() && self.ring.probe_state() != 0 {
+        if self.probe_removed() {
             return Ok(()); // it already removed itself (lease expired)
         }
         let resp = self.request(json!({"op": "detach", "ring": self.ring_in_target}))?;

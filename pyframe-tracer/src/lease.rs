@@ -1,0 +1,84 @@
+//! The probe's lease, kept by a thread of its own.
+//!
+//! The probe in the target removes itself when the ring's heartbeat is older than the lease
+//! (stallscope was killed). The heartbeat is written here, on a timer, not by whoever drains the
+//! ring: a reader held up for a while (a daemon starved of CPU on a busy host, a slow pass of
+//! its loop) must not lose its probes, only a reader that is gone. The thread dies with the
+//! process, so a killed stallscope still lets the lease run out.
+
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::clock::monotonic_ns;
+use crate::ring::Ring;
+
+/// Renews the lease of one ring until stopped (or dropped).
+pub struct LeaseKeeper {
+    stop: Option<Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl LeaseKeeper {
+    /// Starts renewing `ring`'s heartbeat often enough for `lease` (ten times per lease, at
+    /// most once a second and at least every 10 ms).
+    pub fn start(ring: Arc<Ring>, lease: Duration) -> std::io::Result<LeaseKeeper> {
+        let period = (lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("stallscope-lease".into())
+            .spawn(move || loop {
+                ring.heartbeat(monotonic_ns());
+                match stopped.recv_timeout(period) {
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+                }
+            })?;
+        Ok(LeaseKeeper {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops renewing; returns once the thread has written its last heartbeat.
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        self.stop.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for LeaseKeeper {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renews_until_stopped() {
+        let dir = std::env::temp_dir().join(format!("stallscope-lease-{}", std::process::id()));
+        let ring = Arc::new(Ring::create(&dir, 2, 4).unwrap());
+        let _ = std::fs::remove_file(&dir);
+        ring.heartbeat(1);
+        let keeper = LeaseKeeper::start(ring.clone(), Duration::from_millis(100)).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let renewed = ring.read_heartbeat();
+        assert!(renewed > 1, "never renewed");
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(ring.read_heartbeat() > renewed, "renewed only once");
+        keeper.stop();
+        let last = ring.read_heartbeat();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(ring.read_heartbeat(), last, "renewed after stop");
+    }
+}
