@@ -74,7 +74,7 @@ pub struct Marker {
 }
 
 struct State {
-    /// CLOCK_MONOTONIC ns of the last phase change.
+    /// CLOCK_MONOTONIC ns of the last phase change (0: the loop has not started).
     since_ns: AtomicU64,
     phase: AtomicU8,
     /// The loop thread's tid, for its /proc state.
@@ -110,7 +110,8 @@ impl Drop for Watchdog {
 /// Starts watching the calling thread's loop, which sleeps `idle` between passes.
 pub fn start(idle: Duration) -> std::io::Result<(Marker, Watchdog)> {
     let state = Arc::new(State {
-        since_ns: AtomicU64::new(clock::monotonic_ns()),
+        // 0 until the loop's first phase: the attaches before the loop are not a hold-up.
+        since_ns: AtomicU64::new(0),
         phase: AtomicU8::new(Phase::Idle as u8),
         // SAFETY: gettid has no preconditions.
         tid: AtomicU64::new(unsafe { libc::gettid() } as u64),
@@ -137,6 +138,9 @@ fn watch(s: &State, idle: Duration) {
     while !s.stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(500));
         let since = s.since_ns.load(Ordering::Relaxed);
+        if since == 0 {
+            continue;
+        }
         let phase = Phase::from_u8(s.phase.load(Ordering::Relaxed));
         let held = Duration::from_nanos(clock::monotonic_ns().saturating_sub(since));
         match reported {
