@@ -143,6 +143,10 @@ fn watch(s: &State, idle: Duration) {
         }
         let phase = Phase::from_u8(s.phase.load(Ordering::Relaxed));
         let held = Duration::from_nanos(clock::monotonic_ns().saturating_sub(since));
+        let limit = match phase {
+            Phase::Idle => STUCK_AFTER + idle,
+            _ => STUCK_AFTER,
+        };
         match reported {
             Some(at) if at != since => {
                 warn!(
@@ -151,14 +155,7 @@ fn watch(s: &State, idle: Duration) {
                 );
                 reported = None;
             }
-            None if held
-                >= STUCK_AFTER
-                    + if phase == Phase::Idle {
-                        idle
-                    } else {
-                        Duration::ZERO
-                    } =>
-            {
+            None if held >= limit => {
                 let tid = s.tid.load(Ordering::Relaxed);
                 warn!(
                     "the daemon's loop has been held up for {held:.1?} in {}: no alerts while it lasts (loop thread {tid}: {})",

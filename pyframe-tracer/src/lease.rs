@@ -14,9 +14,10 @@ use std::time::Duration;
 use crate::clock::monotonic_ns;
 use crate::ring::Ring;
 
-/// Renews the lease of one ring until stopped (or dropped).
+/// Renews the lease of one ring until dropped; the drop returns once the thread has written
+/// its last heartbeat.
 pub struct LeaseKeeper {
-    stop: Option<Sender<()>>,
+    stop: Sender<()>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -36,27 +37,18 @@ impl LeaseKeeper {
                 }
             })?;
         Ok(LeaseKeeper {
-            stop: Some(stop),
+            stop,
             thread: Some(thread),
         })
-    }
-
-    /// Stops renewing; returns once the thread has written its last heartbeat.
-    pub fn stop(mut self) {
-        self.halt();
-    }
-
-    fn halt(&mut self) {
-        self.stop.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 
 impl Drop for LeaseKeeper {
     fn drop(&mut self) {
-        self.halt();
+        let _ = self.stop.send(());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -76,7 +68,7 @@ mod tests {
         assert!(renewed > 1, "never renewed");
         std::thread::sleep(Duration::from_millis(50));
         assert!(ring.read_heartbeat() > renewed, "renewed only once");
-        keeper.stop();
+        drop(keeper);
         let last = ring.read_heartbeat();
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(ring.read_heartbeat(), last, "renewed after stop");

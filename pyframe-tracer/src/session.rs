@@ -129,7 +129,7 @@ pub struct Session {
     runtime: PythonRuntime,
     ring: Arc<Ring>,
     /// Renews the probe's lease while the session lives.
-    lease: Option<LeaseKeeper>,
+    lease: LeaseKeeper,
     ring_in_target: String,
     seq: u64,
     options: AttachOptions,
@@ -163,7 +163,7 @@ impl Session {
             pid,
             runtime,
             ring,
-            lease: Some(lease),
+            lease,
             ring_in_target,
             seq: 0,
             options,
@@ -333,9 +333,7 @@ impl Session {
     /// waiting for work is), the probe's lease is expired instead: it removes itself at its next watched call.
     pub fn detach(mut self) -> Result<Duration> {
         let result = self.detach_request();
-        if let Some(lease) = self.lease.take() {
-            lease.stop();
-        }
+        drop(self.lease);
         match result {
             Ok(()) => Ok(self.pause),
             Err(e) => {
