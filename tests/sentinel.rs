@@ -524,6 +524,61 @@ fn probes_whose_lease_ran_out_are_attached_again() {
     assert!(d.stop().success(), "{log}");
 }
 
+/// A daemon that falls further behind an engine thread than its lane of the probe ring holds
+/// loses records: it says how many, counts them, and goes on with the records that follow.
+#[test]
+fn records_lost_while_the_daemon_lags_are_warned_of_and_counted() {
+    require_root();
+    let dir = tmpdir("lost");
+    let engine = start_engine();
+    let port = free_port();
+    let cfg = config(&dir, engine.0.id(), port, 100_000);
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        "poll_interval = \"1ms\"",
+        "poll_interval = \"1ms\"\nprobe_ring_records = 1024\nprobe_lease = \"60s\"",
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let mut d = Daemon::start_with(&dir, port, cfg);
+    let iterations = |d: &Daemon| -> u64 {
+        d.engine().map_or(0, |e| {
+            e["iterations"]
+                .as_object()
+                .map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
+        })
+    };
+    d.wait_for("iterations", Duration::from_secs(30), |d| {
+        iterations(d) > 100
+    });
+    assert_eq!(d.engine().unwrap()["lost_records"], 0);
+    // The toy engine writes 50-100 records a second (one per step, one per housekeeping call
+    // every 10 steps): 25 s stopped is more than the 1,024 its lane holds, and less than the
+    // lease.
+    let pid = d.child.as_ref().unwrap().id() as i32;
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_secs(25));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    d.wait_for("the warning", Duration::from_secs(10), |d| {
+        d.log().contains("probe records lost")
+    });
+    // The status is refreshed every 200 ms.
+    std::thread::sleep(Duration::from_secs(1));
+    let lost = d.engine().unwrap()["lost_records"].as_u64().unwrap();
+    assert!(lost > 0, "{}", d.status());
+    let m = http_get(port, "/metrics");
+    assert_eq!(
+        metric(&m, "stallscope_probe_lost_records_total"),
+        lost as f64,
+        "{m}"
+    );
+    let after = iterations(&d);
+    d.wait_for("iterations after the loss", Duration::from_secs(10), |d| {
+        iterations(d) > after + 100
+    });
+    assert!(d.stop().success(), "{}", d.log());
+}
+
 #[test]
 fn an_engine_stuck_in_a_c_call_does_not_hold_up_the_others() {
     require_root();

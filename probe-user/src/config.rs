@@ -183,6 +183,10 @@ pub struct SentinelConfig {
     /// still there (absent: 30 s).
     #[serde(with = "duration_text", default = "probe_lease")]
     pub probe_lease: Duration,
+    /// Records each thread's lane of an engine's probe ring holds: how far the daemon may
+    /// fall behind that thread before its records are lost (absent: 32768).
+    #[serde(default = "probe_ring_records")]
+    pub probe_ring_records: usize,
     /// θmax.
     pub theta_max: f64,
     /// θmin: the UCL never goes below it (0, the default, is no floor).
@@ -214,6 +218,10 @@ fn on() -> bool {
 
 fn probe_lease() -> Duration {
     Duration::from_secs(30)
+}
+
+fn probe_ring_records() -> usize {
+    32768
 }
 
 impl SentinelConfig {
@@ -316,6 +324,12 @@ impl Config {
         }
         if s.probe_lease < Duration::from_secs(1) {
             bail!("sentinel.probe_lease must be at least 1s (such as \"30s\"): the probes check it once a second");
+        }
+        if !(1024..=1 << 20).contains(&s.probe_ring_records) {
+            bail!(
+                "sentinel.probe_ring_records must be between 1024 and 1048576 (such as 32768), not {}: each record takes 128 bytes of shared memory per engine thread",
+                s.probe_ring_records
+            );
         }
         s.watch_specs()?;
         self.deep_dive.validate()?;

@@ -36,6 +36,9 @@ use crate::{
 const DISCOVERY_WINDOW: Duration = Duration::from_secs(10);
 /// How often the status shown by `/api/v1/status` is refreshed.
 const STATUS_PERIOD: Duration = Duration::from_millis(200);
+/// Lost probe records are warned of at most this often (each warning counts those since the
+/// last).
+const LOST_WARNING_PERIOD: Duration = Duration::from_secs(10);
 
 /// An attached engine.
 pub struct Engine {
@@ -54,6 +57,9 @@ pub struct Engine {
     model_path: PathBuf,
     records: Vec<Record>,
     lost_seen: u64,
+    /// Lost records not yet in a warning, and when the last warning was.
+    lost_unreported: u64,
+    lost_warned_at: Option<Instant>,
     counts: BTreeMap<String, u64>,
     open_alert: Option<Alert>,
     /// Id of an alert that started since the daemon last looked.
@@ -88,6 +94,7 @@ impl Engine {
                 framework,
                 specs: cfg.sentinel.watch_specs()?,
                 lease: cfg.sentinel.probe_lease,
+                lane_capacity: cfg.sentinel.probe_ring_records,
                 ..AttachOptions::default()
             },
         )
@@ -166,6 +173,8 @@ impl Engine {
             model_path,
             records: Vec::with_capacity(4096),
             lost_seen: 0,
+            lost_unreported: 0,
+            lost_warned_at: None,
             counts: BTreeMap::new(),
             open_alert: None,
             new_alert: None,
@@ -204,7 +213,20 @@ impl Engine {
                 .lost_records
                 .with_label_values(&[&self.pid_label])
                 .inc_by(lost - self.lost_seen);
+            self.lost_unreported += lost - self.lost_seen;
             self.lost_seen = lost;
+        }
+        if self.lost_unreported > 0
+            && self
+                .lost_warned_at
+                .is_none_or(|t| t.elapsed() >= LOST_WARNING_PERIOD)
+        {
+            warn!(
+                "engine {}: {} probe records lost: a thread's lane of the probe ring was full (the daemon fell more than [sentinel] probe_ring_records records behind it); the iterations in them are missing from the sentinel and the export",
+                self.pid, self.lost_unreported
+            );
+            self.lost_unreported = 0;
+            self.lost_warned_at = Some(Instant::now());
         }
         self.gpu_figures(shared);
         self.manage_fit();
