@@ -61,28 +61,8 @@ struct LogIteration {
     batch: u64,
     tokens: u64,
     elapsed_ms: f64,
-}
-
-fn parse_log(path: &Path) -> Vec<LogIteration> {
-    let text = std::fs::read_to_string(path).unwrap();
-    text.lines()
-        .filter_map(|l| {
-            let rest = &l[l.find("Iteration(")? + "Iteration(".len()..];
-            let (index, rest) = rest.split_once("): ")?;
-            let nums: Vec<f64> = rest
-                .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-                .filter(|s| !s.is_empty() && *s != ".")
-                .filter_map(|s| s.parse().ok())
-                .collect();
-            // context requests, context tokens, generation requests, generation tokens, elapsed ms, ...
-            Some(LogIteration {
-                index: index.parse().ok()?,
-                batch: (nums[0] + nums[2]) as u64,
-                tokens: (nums[1] + nums[3]) as u64,
-                elapsed_ms: nums[4],
-            })
-        })
-        .collect()
+    /// The second the line was logged in (after the step's sampling).
+    unix_s: u64,
 }
 
 /// Days from 1970-01-01 to a civil date (proleptic Gregorian).
@@ -95,9 +75,9 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// (unix second, elapsed ms) of every iteration line. The log stamps `MM-DD HH:MM:SS` in local
-/// time, which is UTC on the test machines, without a year: the current one.
-fn parse_log_times(path: &Path) -> Vec<(u64, f64)> {
+/// Every iteration line of the log. The log stamps `MM-DD HH:MM:SS` in local time, which is
+/// UTC on the test machines, without a year: the current one.
+fn parse_log(path: &Path) -> Vec<LogIteration> {
     let text = std::fs::read_to_string(path).unwrap();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -108,20 +88,26 @@ fn parse_log_times(path: &Path) -> Vec<(u64, f64)> {
         .last()
         .unwrap();
     text.lines()
-        .filter(|l| l.contains("Iteration("))
         .filter_map(|l| {
-            let s = l.split(" INFO ").nth(1)?.get(..14)?;
-            let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+            let rest = &l[l.find("Iteration(")? + "Iteration(".len()..];
+            let (index, rest) = rest.split_once("): ")?;
+            let nums: Vec<f64> = rest
+                .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .filter(|s| !s.is_empty() && *s != ".")
+                .filter_map(|s| s.parse().ok())
+                .collect();
+            let stamp = l.split(" INFO ").nth(1)?.get(..14)?;
+            let n = |r: std::ops::Range<usize>| stamp.get(r)?.parse::<i64>().ok();
             let days = days_from_civil(year, n(0..2)?, n(3..5)?);
             let secs = days * 86_400 + n(6..8)? * 3600 + n(9..11)? * 60 + n(12..14)?;
-            let ms = l
-                .split("elapsed time: ")
-                .nth(1)?
-                .split(' ')
-                .next()?
-                .parse()
-                .ok()?;
-            Some((secs as u64, ms))
+            // context requests, context tokens, generation requests, generation tokens, elapsed ms, ...
+            Some(LogIteration {
+                index: index.parse().ok()?,
+                batch: (nums[0] + nums[2]) as u64,
+                tokens: (nums[1] + nums[3]) as u64,
+                elapsed_ms: nums[4],
+                unix_s: secs as u64,
+            })
         })
         .collect()
 }
@@ -133,8 +119,8 @@ fn steps_per_second(path: &Path, secs: u64) -> Vec<usize> {
         .unwrap()
         .as_secs();
     let mut counts = vec![0; secs as usize];
-    for (t, _) in parse_log_times(path) {
-        if let Some(ago) = now.checked_sub(t).filter(|a| *a < secs) {
+    for l in parse_log(path) {
+        if let Some(ago) = now.checked_sub(l.unix_s).filter(|a| *a < secs) {
             counts[(secs - 1 - ago) as usize] += 1;
         }
     }
@@ -148,6 +134,74 @@ struct Row {
     tokens: u64,
     duration_ms: f64,
     decode: bool,
+    /// The second the step ended in.
+    end_unix_s: u64,
+}
+
+impl Row {
+    fn same_workload(&self, l: &LogIteration) -> bool {
+        self.batch == l.batch && self.tokens == l.tokens
+    }
+}
+
+/// stallscope's rows paired with the engine log's lines.
+struct Paired<'a> {
+    pairs: Vec<(&'a Row, &'a LogIteration)>,
+    /// Pairs before the first resynchronisation: each row with its own line.
+    exact: usize,
+    /// Log lines used, up to the last pair.
+    log_used: usize,
+    /// Log lines skipped: iterations stallscope did not export.
+    missing: usize,
+    /// Rows skipped: iterations the log does not have.
+    extra: usize,
+    /// Pairs whose workloads differ.
+    differing: usize,
+}
+
+/// Walks rows and log lines (both starting at the same iteration) in step. Where workloads
+/// differ, the walk skips the fewest lines (or rows) after which the next 8 agree again: an
+/// iteration one side lacks; failing that, it counts a differing pair and goes on.
+fn pair<'a>(rows: &'a [Row], log: &'a [LogIteration]) -> Paired<'a> {
+    const RUN: usize = 8;
+    const MAX_SKIP: usize = 5000;
+    let agree = |i: usize, j: usize| {
+        i + RUN <= rows.len()
+            && j + RUN <= log.len()
+            && (0..RUN).all(|k| rows[i + k].same_workload(&log[j + k]))
+    };
+    let mut p = Paired {
+        pairs: Vec::new(),
+        exact: usize::MAX,
+        log_used: 0,
+        missing: 0,
+        extra: 0,
+        differing: 0,
+    };
+    let (mut i, mut j) = (0, 0);
+    while i < rows.len() && j < log.len() {
+        if !rows[i].same_workload(&log[j]) {
+            if let Some(d) = (1..MAX_SKIP).find(|&d| agree(i, j + d)) {
+                p.exact = p.exact.min(p.pairs.len());
+                p.missing += d;
+                j += d;
+                continue;
+            }
+            if let Some(d) = (1..MAX_SKIP).find(|&d| agree(i + d, j)) {
+                p.exact = p.exact.min(p.pairs.len());
+                p.extra += d;
+                i += d;
+                continue;
+            }
+            p.differing += 1;
+        }
+        p.pairs.push((&rows[i], &log[j]));
+        i += 1;
+        j += 1;
+    }
+    p.exact = p.exact.min(p.pairs.len());
+    p.log_used = j;
+    p
 }
 
 fn parse_export(path: &Path) -> Vec<Row> {
@@ -156,11 +210,14 @@ fn parse_export(path: &Path) -> Vec<Row> {
         .skip(1)
         .filter_map(|l| {
             let f: Vec<&str> = l.split(',').collect();
+            let start_us = f[1].parse::<f64>().ok()?;
+            let duration_us = f[2].parse::<f64>().ok()?;
             Some(Row {
                 batch: f[3].parse::<f64>().ok()? as u64,
                 tokens: f[8].parse::<f64>().ok()? as u64,
-                duration_ms: f[2].parse::<f64>().ok()? / 1e3,
+                duration_ms: duration_us / 1e3,
                 decode: f[9] == "decode",
+                end_unix_s: ((start_us + duration_us) / 1e6) as u64,
             })
         })
         .collect()
@@ -283,7 +340,10 @@ fn sentinel_on_real_vllm() {
     std::thread::sleep(steady());
     let alerts: Value = serde_json::from_str(&http_get(port, "/api/v1/alerts")).unwrap();
     let metrics = http_get(port, "/metrics");
-    let timed = parse_log_times(&log_path);
+    let timed: Vec<(u64, f64)> = parse_log(&log_path)
+        .iter()
+        .map(|l| (l.unix_s, l.elapsed_ms))
+        .collect();
     let mut window: Vec<f64> = timed.iter().skip(log_at_fit).map(|(_, ms)| *ms).collect();
     let steady_median = percentile(&mut window, 0.5);
     let mut flagged = 0;
@@ -336,7 +396,17 @@ fn sentinel_on_real_vllm() {
     let rows = parse_export(&dir.join("iterations.csv"));
     let log = parse_log(&log_path);
     let window_rows = &rows[rows_at_fit..];
-    // Align the two sequences on (batch, tokens): the offset where the most rows agree.
+    // Counts over the same whole seconds (the log stamps each line to the second, after the
+    // step's sampling; a row counts by the second its step ended in).
+    let (from_s, to_s) = (
+        window_rows[0].end_unix_s + 1,
+        window_rows[window_rows.len() - 1].end_unix_s - 1,
+    );
+    let in_span = |s: u64| (from_s..=to_s).contains(&s);
+    let ours = window_rows.iter().filter(|r| in_span(r.end_unix_s)).count() as f64;
+    let engine_count = log.iter().filter(|l| in_span(l.unix_s)).count() as f64;
+    let count_error = (ours - engine_count).abs() / engine_count;
+    // Pair rows with log lines by workload, from where the first 500 rows align.
     let first_log = log_at_fit.saturating_sub(200);
     let (offset, agree) = (first_log..log.len().saturating_sub(window_rows.len() / 2))
         .map(|off| {
@@ -344,7 +414,7 @@ fn sentinel_on_real_vllm() {
                 .iter()
                 .zip(&log[off..])
                 .take(500)
-                .filter(|(r, l)| r.batch == l.batch && r.tokens == l.tokens)
+                .filter(|(r, l)| r.same_workload(l))
                 .count();
             (off, n)
         })
@@ -354,16 +424,40 @@ fn sentinel_on_real_vllm() {
         agree >= 490,
         "the sequences do not align: best offset {offset} agrees on {agree}/500"
     );
-    let matched: Vec<(&Row, &LogIteration)> = window_rows.iter().zip(&log[offset..]).collect();
-    let same = matched
-        .iter()
-        .filter(|(r, l)| r.batch == l.batch && r.tokens == l.tokens)
-        .count();
-    let (first, last) = (matched[0].1.index, matched[matched.len() - 1].1.index);
-    let engine_count = (last - first + 1) as f64;
-    let ours = matched.len() as f64;
-    let count_error = (ours - engine_count).abs() / engine_count;
-    let mut diffs: Vec<f64> = matched
+    let paired = pair(window_rows, &log[offset..]);
+    let (first, last) = (log[offset].index, log[offset + paired.log_used - 1].index);
+    println!(
+        "iterations from {from_s} to {to_s} (unix s): stallscope {ours}, engine log {engine_count}, error {:.3} %; over Iteration({first})..({last}): {} rows paired by workload, {} log lines without a row, {} rows without a line, {} differing workloads",
+        100.0 * count_error,
+        paired.pairs.len(),
+        paired.missing,
+        paired.extra,
+        paired.differing
+    );
+    // A gap means the daemon lost the engine for a while: its warnings say why (a loop held
+    // up, lost probe records, probes whose lease ran out and were attached again).
+    let warnings = || {
+        std::fs::read_to_string(&daemon_log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(" WARN "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert!(
+        count_error <= 0.01 && paired.missing + paired.extra <= window_rows.len() / 100,
+        "stallscope's iterations differ from the engine log's; the daemon's warnings:\n{}",
+        warnings()
+    );
+    assert!(
+        paired.differing <= window_rows.len() / 100,
+        "workloads differ on {} of {} rows",
+        paired.differing,
+        window_rows.len()
+    );
+    // Durations over the pairs before any resynchronisation: past a missing line, runs of
+    // equal workloads may be paired one step apart.
+    let mut diffs: Vec<f64> = paired.pairs[..paired.exact]
         .iter()
         .map(|(r, l)| r.duration_ms - l.elapsed_ms)
         .collect();
@@ -371,26 +465,8 @@ fn sentinel_on_real_vllm() {
     let p99 = percentile(&mut diffs, 0.99);
     let min = percentile(&mut diffs, 0.0);
     println!(
-        "iterations over the window: stallscope {ours}, engine log {engine_count} (Iteration({first})..({last})), error {:.3} %; workload agrees on {same}/{}; duration stallscope - log: median {median:.2} ms, p99 {p99:.2} ms, min {min:.2} ms",
-        100.0 * count_error,
-        matched.len()
-    );
-    // A gap means the daemon lost the engine for a while: its warnings say why (a loop held
-    // up, probes whose lease ran out and were attached again).
-    assert!(
-        count_error <= 0.01,
-        "iteration counts differ by {:.2} %; the daemon's warnings:\n{}",
-        100.0 * count_error,
-        std::fs::read_to_string(&daemon_log)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.contains(" WARN "))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
-    assert!(
-        same as f64 >= 0.99 * ours,
-        "workloads disagree: {same}/{ours}"
+        "duration stallscope - log over {} pairs: median {median:.2} ms, p99 {p99:.2} ms, min {min:.2} ms",
+        diffs.len()
     );
     // stallscope's span contains the log's (minus clock noise) and adds scheduling and output processing.
     assert!(

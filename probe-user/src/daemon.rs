@@ -227,11 +227,19 @@ impl Daemon<'_> {
     fn deep_dives(&mut self, plane: &mut KernelPlane) {
         let dd = &self.cfg.deep_dive;
         if let Some(job) = &mut self.job {
-            if let Some(e) = self.engines.get_mut(&job.pid) {
-                job.feed(e.drain_tap());
-                job.feed_gpu(e.drain_gpu_tap());
+            if !job.ending() {
+                if let Some(e) = self.engines.get_mut(&job.pid) {
+                    job.feed(e.drain_tap());
+                    job.feed_gpu(e.drain_gpu_tap());
+                }
             }
-            if job.poll() {
+            let was_ending = job.ending();
+            let stopped = job.poll(plane);
+            let (pid, ended) = (job.pid, job.ending() && !was_ending);
+            if ended {
+                self.end_capture(pid);
+            }
+            if stopped {
                 let job = self.job.take().expect("checked");
                 self.finish(job, plane);
             }
@@ -258,15 +266,22 @@ impl Daemon<'_> {
             }
             // An alert outranks a reference recording of another engine too.
             self.abandon_reference(plane, None);
+            // A capture still stopping holds the kernel's event ring: the deep dive waits in
+            // the queue for it.
+            let queue = self.job.is_some();
             let admitted = self.shared.deep_dives.lock().expect("registry").admit(
                 pid,
                 format!("alert {alert}"),
                 dd.duration,
                 Duration::ZERO,
                 dd.max_per_hour,
-                false,
+                queue,
             );
             match admitted {
+                Ok(id) if queue => {
+                    self.alert_dive_at = Some(Instant::now());
+                    info!("engine {pid}: deep dive {id} for alert {alert} starts once the previous capture has stopped");
+                }
                 Ok(id) => {
                     self.alert_dive_at = Some(Instant::now());
                     let req = Request {
@@ -367,16 +382,19 @@ impl Daemon<'_> {
         }
     }
 
-    /// Abandons the normal-reference recording in progress (of engine `pid`, or of any).
+    /// Abandons the normal-reference recording in progress (of engine `pid`, or of any): it
+    /// stops in the background and is dropped once stopped. One whose window is already
+    /// over is kept.
     fn abandon_reference(&mut self, plane: &mut KernelPlane, pid: Option<u32>) {
-        if self.job.as_ref().is_some_and(|j| {
-            matches!(j.purpose, Purpose::Reference) && pid.is_none_or(|p| j.pid == p)
-        }) {
-            let job = self.job.take().expect("checked");
-            self.end_capture(job.pid);
-            self.reference_at.remove(&job.pid);
-            job.abandon(plane);
-        }
+        let Some(job) = self.job.as_mut().filter(|j| {
+            matches!(j.purpose, Purpose::Reference) && !j.ending() && pid.is_none_or(|p| j.pid == p)
+        }) else {
+            return;
+        };
+        let job_pid = job.pid;
+        job.abandon(plane);
+        self.end_capture(job_pid);
+        self.reference_at.remove(&job_pid);
     }
 
     /// What stopping a capture of engine `pid` takes on the daemon's side, finished or

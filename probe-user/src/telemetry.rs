@@ -94,9 +94,19 @@ impl Sampler {
         Sampler { stop, handle }
     }
 
+    /// Asks the thread to stop after its current sample, without waiting for it.
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// Whether the thread has stopped ([`Sampler::stop`] returns at once then).
+    pub fn is_finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+
     /// Stops and returns what was sampled.
     pub fn stop(self) -> Telemetry {
-        self.stop.store(true, Ordering::Release);
+        self.request_stop();
         self.handle.join().expect("telemetry thread panicked")
     }
 }

@@ -186,6 +186,8 @@ pub struct Running {
     processes: BTreeMap<u32, String>,
     threads: BTreeMap<u32, ThreadInfo>,
     notes: Vec<String>,
+    /// Set by [`Running::begin_stop`]: when the capture ended, and the kernel events lost in it.
+    ended: Option<(u64, u64)>,
 }
 
 /// The target and its descendants.
@@ -297,21 +299,30 @@ impl Running {
             processes: BTreeMap::new(),
             threads: BTreeMap::new(),
             notes,
+            ended: None,
         };
         r.scan_tree();
         Ok(r)
     }
 
-    /// Takes Python calls of the target ([`PythonSource::Fed`] captures; ignored otherwise).
+    /// Takes Python calls of the target ([`PythonSource::Fed`] captures; ignored otherwise,
+    /// and once the window has ended).
     pub fn feed(&mut self, calls: impl IntoIterator<Item = Call>) {
+        if self.ended.is_some() {
+            return;
+        }
         if let Some(f) = self.fed.as_mut() {
             f.calls.extend(calls);
         }
     }
 
     /// Takes GPU events of the engine's processes from an agent the caller holds (the
-    /// daemon's sentinel), for captures that do not attach their own.
+    /// daemon's sentinel), for captures that do not attach their own (ignored once the
+    /// window has ended).
     pub fn feed_gpu(&mut self, events: BTreeMap<u32, Vec<GpuEvent>>) {
+        if self.ended.is_some() {
+            return;
+        }
         for (pid, e) in events {
             self.gpu_events.entry(pid).or_default().extend(e);
         }
@@ -355,15 +366,50 @@ impl Running {
         self.store.lock().expect("kernel store lock").events.len()
     }
 
-    /// Stops every source, restores the target, and returns what was captured.
-    /// The kernel plane gets its ring back and forgets the processes the capture added.
-    pub fn finish(mut self, plane: &mut KernelPlane) -> Result<Collected> {
+    /// Ends the capture window without waiting: the kernel stops sending events, and the
+    /// threads of the capture are asked to stop (the ring's drainer first takes what the
+    /// kernel had sent; on a busy host that can take seconds). Called again, it does nothing.
+    pub fn begin_stop(&mut self, plane: &mut KernelPlane) -> Result<()> {
+        if self.ended.is_some() {
+            return Ok(());
+        }
         self.poll();
         self.scan_tree();
         let end_ns = clock::monotonic_ns();
         let kernel_lost = plane.lost_events().saturating_sub(self.lost_at_start);
-        if let Some(d) = self.drainer.take() {
+        self.ended = Some((end_ns, kernel_lost));
+        if let Some(d) = &self.drainer {
             plane.set_deep_dive(false)?;
+            d.request_stop();
+        }
+        if let Some((stop, _)) = &self.stacks {
+            stop.store(true, Ordering::Release);
+        }
+        if let Some(t) = &self.telemetry {
+            t.request_stop();
+        }
+        Ok(())
+    }
+
+    /// Whether every thread of the capture has stopped since [`Running::begin_stop`]:
+    /// [`Running::finish`] will not wait then.
+    pub fn stopped(&self) -> bool {
+        self.ended.is_some()
+            && self.drainer.as_ref().is_none_or(Drainer::is_finished)
+            && self.stacks.as_ref().is_none_or(|(_, h)| h.is_finished())
+            && self
+                .telemetry
+                .as_ref()
+                .is_none_or(telemetry::Sampler::is_finished)
+    }
+
+    /// Stops every source (waiting for their threads), restores the target, and returns what
+    /// was captured. The kernel plane gets its ring back and forgets the processes the
+    /// capture added.
+    pub fn finish(mut self, plane: &mut KernelPlane) -> Result<Collected> {
+        self.begin_stop(plane)?;
+        let (end_ns, kernel_lost) = self.ended.expect("set by begin_stop");
+        if let Some(d) = self.drainer.take() {
             plane.return_ring(d.stop().0);
         }
         for p in std::mem::take(&mut self.added) {
@@ -387,10 +433,7 @@ impl Running {
             (None, None) => None,
         };
         let (stacks, stack_errors) = match self.stacks.take() {
-            Some((stop, h)) => {
-                stop.store(true, Ordering::Release);
-                h.join().unwrap_or_default()
-            }
+            Some((_, h)) => h.join().unwrap_or_default(),
             None => (Vec::new(), 0),
         };
         let telemetry = self

@@ -96,9 +96,19 @@ impl Drainer {
         }
     }
 
+    /// Asks the thread to drain what is left and stop, without waiting for it.
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// Whether the thread has stopped ([`Drainer::stop`] returns at once then).
+    pub fn is_finished(&self) -> bool {
+        self.handle.as_ref().is_none_or(|h| h.is_finished())
+    }
+
     /// Drains what is left, stops the thread, and gives the ring back with the counts.
     pub fn stop(mut self) -> (RingBuf<MapData>, EventCounts) {
-        self.stop.store(true, Ordering::Release);
+        self.request_stop();
         self.handle
             .take()
             .expect("drainer stopped once")

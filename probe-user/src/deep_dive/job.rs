@@ -53,6 +53,10 @@ pub struct Job {
     baseline: Duration,
     total: Duration,
     split_ns: Option<u64>,
+    /// The window is over: the capture's threads are stopping.
+    ending: bool,
+    /// Stopped early and not wanted any more: nothing is written.
+    abandoned: bool,
 }
 
 impl Job {
@@ -97,6 +101,8 @@ impl Job {
             baseline,
             total: baseline + duration,
             split_ns: None,
+            ending: false,
+            abandoned: false,
         })
     }
 
@@ -115,14 +121,41 @@ impl Job {
         self.running.note(note);
     }
 
-    /// Polls the capture; true once the window is over or the engine is gone.
-    pub fn poll(&mut self) -> bool {
-        let elapsed = self.started.elapsed();
-        if self.split_ns.is_none() && elapsed >= self.baseline {
-            self.split_ns = Some(clock::monotonic_ns());
+    /// Polls the capture. Once its window is over or the engine is gone, ends it without
+    /// waiting for its threads (a busy host may take seconds to drain the kernel's events,
+    /// and the daemon's loop must not wait for that). True once they have stopped:
+    /// [`Job::finish`] does not wait then.
+    pub fn poll(&mut self, plane: &mut KernelPlane) -> bool {
+        if !self.ending {
+            let elapsed = self.started.elapsed();
+            if self.split_ns.is_none() && elapsed >= self.baseline {
+                self.split_ns = Some(clock::monotonic_ns());
+            }
+            self.running.poll();
+            if elapsed >= self.total || !procfs::process_exists(self.pid) {
+                self.end(plane);
+            }
         }
-        self.running.poll();
-        elapsed >= self.total || !procfs::process_exists(self.pid)
+        self.ending && self.running.stopped()
+    }
+
+    /// Whether the window is over (the capture is stopping or stopped).
+    pub fn ending(&self) -> bool {
+        self.ending
+    }
+
+    fn end(&mut self, plane: &mut KernelPlane) {
+        if let Err(e) = self.running.begin_stop(plane) {
+            warn!("stopping a capture: {e:#}");
+        }
+        self.ending = true;
+    }
+
+    /// Ends a capture that is no longer wanted (a reference cut short by an alert), without
+    /// waiting; [`Job::finish`] then discards it.
+    pub fn abandon(&mut self, plane: &mut KernelPlane) {
+        self.abandoned = true;
+        self.end(plane);
     }
 
     /// Stops capturing (the kernel plane gets its ring back) and returns what was captured
@@ -132,16 +165,9 @@ impl Job {
         Ok((self.running.finish(plane)?, split))
     }
 
-    /// Stops a capture that is no longer wanted (a reference cut short by an alert).
-    pub fn abandon(self, plane: &mut KernelPlane) {
-        if let Err(e) = self.stop(plane) {
-            warn!("stopping a capture: {e:#}");
-        }
-    }
-
     /// Stops capturing and writes the result on a low-priority thread (returned): a
     /// reference goes to the shared references, a deep dive's trace and report to `dir`, its
-    /// outcome to its record.
+    /// outcome to its record. An abandoned capture is only stopped.
     pub fn finish(
         self,
         plane: &mut KernelPlane,
@@ -151,7 +177,14 @@ impl Job {
     ) -> Option<std::thread::JoinHandle<()>> {
         let pid = self.pid;
         let purpose = self.purpose.clone();
+        let abandoned = self.abandoned;
         let stopped = self.stop(plane);
+        if abandoned {
+            if let Err(e) = stopped {
+                warn!("stopping a capture: {e:#}");
+            }
+            return None;
+        }
         let id = match &purpose {
             Purpose::DeepDive(r) => Some(r.id),
             Purpose::Reference => None,
