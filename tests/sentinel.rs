@@ -17,7 +17,8 @@ use serde_json::Value;
 mod common;
 use common::{
     expect_failure, expect_success, free_port, http_get, http_request, python, python_check,
-    require_root, stallscope, start_engine, start_hog, tmpdir, Proc, TOY_HOG_SPIN,
+    require_root, stallscope, start_engine, start_hog, start_timed_engine, tmpdir, toy_slowdown,
+    Proc, TOY_HOG_SPIN,
 };
 use perfetto_writer::read;
 
@@ -189,7 +190,8 @@ fn metric(text: &str, name: &str) -> f64 {
 fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
     require_root();
     let dir = tmpdir("alert");
-    let engine = start_engine();
+    let times = dir.join("toy-steps.txt");
+    let engine = start_timed_engine(&times);
     let pid = engine.0.id();
     let mut d = Daemon::start(&dir, pid, 300);
     // No profile: the anchor is found among the two watched functions (10 s window).
@@ -204,21 +206,47 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
     assert!(e["model_samples"].as_u64().unwrap() >= 300, "{e}");
     let ucl = e["ucl"].as_f64().unwrap();
     assert!(ucl > 0.0 && ucl <= 0.5, "{e}");
-    // Once fitted and healthy, the engine gets its normal reference for deep dives.
-    d.wait_for("normal reference", Duration::from_secs(30), |d| {
-        !d.status()["normal_references"][pid.to_string()].is_null()
-    });
-    let reference = &d.status()["normal_references"][pid.to_string()];
-    assert!(reference["cycles"].as_u64().unwrap() > 100, "{reference}");
-    assert!(
-        reference["mean_cycle_ms"].as_f64().unwrap() > 0.0,
-        "{reference}"
-    );
-    assert!(d.log().contains("normal reference recorded"), "{}", d.log());
-    // Steady: no alert.
-    std::thread::sleep(Duration::from_secs(5));
-    let alerts: Value = serde_json::from_str(&http_get(d.port, "/api/v1/alerts")).unwrap();
-    assert_eq!(alerts.as_array().unwrap().len(), 0, "false alert: {alerts}");
+    for attempt in 1.. {
+        // Once fitted and healthy, the engine gets its normal reference for deep dives.
+        d.wait_for("normal reference", Duration::from_secs(30), |d| {
+            !d.status()["normal_references"][pid.to_string()].is_null()
+        });
+        let reference = &d.status()["normal_references"][pid.to_string()];
+        assert!(reference["cycles"].as_u64().unwrap() > 100, "{reference}");
+        assert!(
+            reference["mean_cycle_ms"].as_f64().unwrap() > 0.0,
+            "{reference}"
+        );
+        assert!(d.log().contains("normal reference recorded"), "{}", d.log());
+        // Steady: no alert, unless the toy's own clock saw it slowed down (this shared host
+        // takes the toy's CPU away now and then: CI once saw 55 of its steps twice as slow).
+        std::thread::sleep(Duration::from_secs(5));
+        let alerts: Value = serde_json::from_str(&http_get(d.port, "/api/v1/alerts")).unwrap();
+        let alerts = alerts.as_array().unwrap();
+        if alerts.is_empty() {
+            break;
+        }
+        for a in alerts {
+            // The alert's trigger and the 50 steps before it: the window and start_after.
+            let end = a["trigger_iteration_end_ns"].as_u64().unwrap();
+            let slowdown = toy_slowdown(&times, end, 50);
+            assert!(
+                slowdown >= 1.3,
+                "false alert: the toy's own clock saw its steps at {slowdown:.2} x its usual pace: {a}"
+            );
+            println!("steady-window alert {attempt}: the toy's own steps ran {slowdown:.2} x slower than usual; the daemon starts again: {a}");
+        }
+        assert!(
+            attempt < 3,
+            "the toy was slowed down in three steady windows in a row: too noisy a host"
+        );
+        // A fresh daemon (reusing the model), for the alert and deep-dive checks below.
+        assert!(d.stop().success(), "{}", d.log());
+        d = Daemon::start(&dir, pid, 300);
+        d.wait_for("fitted model", Duration::from_secs(30), |d| {
+            d.engine().is_some_and(|e| e["model_state"] == "fitted")
+        });
+    }
     // A CPU hog on the engine's CPU: an alert within seconds.
     let hog = start_hog("0", TOY_HOG_SPIN);
     let t = Instant::now();

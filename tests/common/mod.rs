@@ -5,7 +5,7 @@
 use std::{
     io::{Read, Write},
     net::{TcpListener, TcpStream},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::Duration,
 };
@@ -197,18 +197,68 @@ pub const TOY_HOG_SPIN: Duration = Duration::from_millis(2);
 
 /// The toy engine, pinned to CPU 0.
 pub fn start_engine() -> Proc {
+    start_toy(None)
+}
+
+/// The toy engine, pinned to CPU 0, timing its own steps into `times` (see
+/// [`toy_slowdown`]).
+pub fn start_timed_engine(times: &Path) -> Proc {
+    start_toy(Some(times))
+}
+
+fn start_toy(times: Option<&Path>) -> Proc {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_engine.py");
-    let mut p = Proc::spawn(
-        Command::new("taskset")
-            .args(["-c", "0"])
-            .arg(python("3.12"))
-            .arg(script)
-            .stdout(Stdio::piped()),
-    );
+    let mut cmd = Command::new("taskset");
+    cmd.args(["-c", "0"])
+        .arg(python("3.12"))
+        .arg(script)
+        .stdout(Stdio::piped());
+    if let Some(t) = times {
+        cmd.env("STALLSCOPE_TOY_TIMES", t);
+    }
+    let mut p = Proc::spawn(&mut cmd);
     let mut first = [0u8; 6];
     p.0.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
     assert_eq!(&first, b"ready ");
     p
+}
+
+/// How much slower than usual the toy engine's own clock saw its `steps` steps that ended by
+/// `end_ns` (CLOCK_MONOTONIC, as the probes' timestamps): their wall time over the median wall
+/// time of steps with the same work, among all it timed (its workloads repeat every 256
+/// steps). Evidence of a slowdown that comes neither from stallscope's measurement nor from
+/// its model.
+pub fn toy_slowdown(times: &Path, end_ns: u64, steps: usize) -> f64 {
+    let text = std::fs::read_to_string(times).unwrap();
+    // end ns, wall ns, work units
+    let rows: Vec<(u64, f64, u64)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut v = l.split(' ');
+            Some((
+                v.next()?.parse().ok()?,
+                v.next()?.parse().ok()?,
+                v.next()?.parse().ok()?,
+            ))
+        })
+        .collect();
+    let mut by_work: std::collections::BTreeMap<u64, Vec<f64>> = Default::default();
+    for &(_, wall, work) in &rows {
+        by_work.entry(work).or_default().push(wall);
+    }
+    let usual: std::collections::BTreeMap<u64, f64> = by_work
+        .into_iter()
+        .map(|(work, mut walls)| {
+            walls.sort_by(f64::total_cmp);
+            (work, walls[walls.len() / 2])
+        })
+        .collect();
+    // The toy stamps a step's end after the probe does.
+    let upto = rows.partition_point(|r| r.0 <= end_ns + 1_000_000);
+    let chosen = &rows[upto.saturating_sub(steps)..upto];
+    let wall: f64 = chosen.iter().map(|r| r.1).sum();
+    let expected: f64 = chosen.iter().map(|r| usual[&r.2]).sum();
+    wall / expected
 }
 
 /// A CPU hog on `cpus` that takes two thirds of each CPU: spins for `spin`, sleeps half as
