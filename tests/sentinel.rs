@@ -117,6 +117,38 @@ impl Daemon {
         d
     }
 
+    /// A daemon on the toy engine `engine_pid` (no fit: it never leaves warm-up) whose
+    /// `[sentinel]` table also has `keys` (TOML lines).
+    fn start_with_sentinel_keys(dir: &Path, engine_pid: u32, keys: &str) -> Daemon {
+        let port = free_port();
+        let cfg = config(dir, engine_pid, port, 100_000);
+        let text = std::fs::read_to_string(&cfg).unwrap().replace(
+            "poll_interval = \"1ms\"",
+            &format!("poll_interval = \"1ms\"\n{keys}"),
+        );
+        std::fs::write(&cfg, text).unwrap();
+        Daemon::start_with(dir, port, cfg)
+    }
+
+    /// The iterations the first engine's status counts, all stages together.
+    fn iterations(&self) -> u64 {
+        self.engine().map_or(0, |e| {
+            e["iterations"]
+                .as_object()
+                .map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
+        })
+    }
+
+    /// Stops the daemon's process (SIGSTOP) for `pause`, then lets it go on.
+    fn freeze(&self, pause: Duration) {
+        let pid = self.child.as_ref().unwrap().id() as i32;
+        // SAFETY: plain kill(2) on our child.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        std::thread::sleep(pause);
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    }
+
     fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
     }
@@ -510,30 +542,11 @@ fn probes_whose_lease_ran_out_are_attached_again() {
     require_root();
     let dir = tmpdir("lease");
     let engine = start_engine();
-    let port = free_port();
-    let cfg = config(&dir, engine.0.id(), port, 100_000);
-    let text = std::fs::read_to_string(&cfg).unwrap().replace(
-        "poll_interval = \"1ms\"",
-        "poll_interval = \"1ms\"\nprobe_lease = \"2s\"",
-    );
-    std::fs::write(&cfg, text).unwrap();
-    let mut d = Daemon::start_with(&dir, port, cfg);
-    let iterations = |d: &Daemon| -> u64 {
-        d.engine().map_or(0, |e| {
-            e["iterations"]
-                .as_object()
-                .map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
-        })
-    };
+    let mut d = Daemon::start_with_sentinel_keys(&dir, engine.0.id(), "probe_lease = \"2s\"");
     d.wait_for("iterations", Duration::from_secs(30), |d| {
-        iterations(d) > 100
+        d.iterations() > 100
     });
-    let pid = d.child.as_ref().unwrap().id() as i32;
-    // SAFETY: plain kill(2) on our child.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
-    std::thread::sleep(Duration::from_secs(5));
-    // SAFETY: as above.
-    unsafe { libc::kill(pid, libc::SIGCONT) };
+    d.freeze(Duration::from_secs(5));
     d.wait_for("the probes' removal", Duration::from_secs(10), |d| {
         d.log().contains("its probes removed themselves")
     });
@@ -541,7 +554,7 @@ fn probes_whose_lease_ran_out_are_attached_again() {
     d.wait_for(
         "iterations after the new attach",
         Duration::from_secs(30),
-        |d| iterations(d) > 100,
+        |d| d.iterations() > 100,
     );
     let log = d.log();
     assert_eq!(
@@ -559,34 +572,19 @@ fn records_lost_while_the_daemon_lags_are_warned_of_and_counted() {
     require_root();
     let dir = tmpdir("lost");
     let engine = start_engine();
-    let port = free_port();
-    let cfg = config(&dir, engine.0.id(), port, 100_000);
-    let text = std::fs::read_to_string(&cfg).unwrap().replace(
-        "poll_interval = \"1ms\"",
-        "poll_interval = \"1ms\"\nprobe_ring_records = 1024\nprobe_lease = \"60s\"",
+    let mut d = Daemon::start_with_sentinel_keys(
+        &dir,
+        engine.0.id(),
+        "probe_ring_records = 1024\nprobe_lease = \"60s\"",
     );
-    std::fs::write(&cfg, text).unwrap();
-    let mut d = Daemon::start_with(&dir, port, cfg);
-    let iterations = |d: &Daemon| -> u64 {
-        d.engine().map_or(0, |e| {
-            e["iterations"]
-                .as_object()
-                .map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
-        })
-    };
     d.wait_for("iterations", Duration::from_secs(30), |d| {
-        iterations(d) > 100
+        d.iterations() > 100
     });
     assert_eq!(d.engine().unwrap()["lost_records"], 0);
     // The toy engine writes 50-100 records a second (one per step, one per housekeeping call
     // every 10 steps): 25 s stopped is more than the 1,024 its lane holds, and less than the
     // lease.
-    let pid = d.child.as_ref().unwrap().id() as i32;
-    // SAFETY: plain kill(2) on our child.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
-    std::thread::sleep(Duration::from_secs(25));
-    // SAFETY: as above.
-    unsafe { libc::kill(pid, libc::SIGCONT) };
+    d.freeze(Duration::from_secs(25));
     d.wait_for("the warning", Duration::from_secs(10), |d| {
         d.log().contains("probe records lost")
     });
@@ -594,15 +592,15 @@ fn records_lost_while_the_daemon_lags_are_warned_of_and_counted() {
     std::thread::sleep(Duration::from_secs(1));
     let lost = d.engine().unwrap()["lost_records"].as_u64().unwrap();
     assert!(lost > 0, "{}", d.status());
-    let m = http_get(port, "/metrics");
+    let m = http_get(d.port, "/metrics");
     assert_eq!(
         metric(&m, "stallscope_probe_lost_records_total"),
         lost as f64,
         "{m}"
     );
-    let after = iterations(&d);
+    let after = d.iterations();
     d.wait_for("iterations after the loss", Duration::from_secs(10), |d| {
-        iterations(d) > after + 100
+        d.iterations() > after + 100
     });
     assert!(d.stop().success(), "{}", d.log());
 }
