@@ -272,11 +272,14 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
             attempt < 3,
             "the toy was slowed down in three steady windows in a row: too noisy a host"
         );
-        // A fresh daemon (reusing the model), for the alert and deep-dive checks below.
+        // A fresh daemon (reusing the model, discovering the anchor again), for the alert
+        // and deep-dive checks below.
         assert!(d.stop().success(), "{}", d.log());
         d = Daemon::start(&dir, pid, 300);
-        d.wait_for("fitted model", Duration::from_secs(30), |d| {
-            d.engine().is_some_and(|e| e["model_state"] == "fitted")
+        d.wait_for("discovered anchor", Duration::from_secs(30), |d| {
+            d.engine().is_some_and(|e| {
+                e["anchor"] == "__main__:Engine.step" && e["model_state"] == "fitted"
+            })
         });
     }
     // A CPU hog on the engine's CPU: an alert within seconds.
