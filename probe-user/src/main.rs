@@ -28,6 +28,7 @@ mod shared;
 mod stop_flag;
 mod syscall_names;
 mod telemetry;
+mod worker;
 
 use std::{path::PathBuf, process::ExitCode};
 

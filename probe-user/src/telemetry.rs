@@ -7,17 +7,9 @@
 //! clock ticks (usually 10 ms), so one 10 ms utilisation sample is coarse; means over an
 //! iteration or a window are what the analysis uses.
 
-use std::{
-    collections::BTreeMap,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-    thread::JoinHandle,
-    time::Duration,
-};
+use std::{collections::BTreeMap, sync::atomic::Ordering, time::Duration};
 
-use crate::clock;
+use crate::{clock, worker::Worker};
 
 /// One telemetry series.
 #[derive(Debug, Clone, Default)]
@@ -50,65 +42,36 @@ impl Telemetry {
     }
 }
 
-/// A running sampler.
-pub struct Sampler {
-    stop: Arc<AtomicBool>,
-    handle: JoinHandle<Telemetry>,
-}
-
-impl Sampler {
-    /// Starts sampling every `period`.
-    pub fn start(period: Duration) -> Sampler {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let handle = std::thread::Builder::new()
-            .name("stallscope-telemetry".into())
-            .spawn(move || {
-                let mut t = Telemetry::default();
-                let gpus = crate::gpu_plane::nvml::Gpus::open()
-                    .map_err(|e| t.missing.push(e))
-                    .ok();
-                let mut readings = Vec::new();
-                let mut prev = Raw::read(&mut t.missing);
-                let mut next = std::time::Instant::now() + period;
-                while !flag.load(Ordering::Acquire) {
-                    std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
-                    next += period;
-                    let now = Raw::read(&mut t.missing);
-                    now.record_since(&prev, &mut t);
-                    if let Some(g) = &gpus {
-                        readings.clear();
-                        g.read(&mut readings);
-                        for (name, unit, v) in readings.drain(..) {
-                            let s = t.series.entry(name).or_default();
-                            s.unit = unit;
-                            s.points.push((now.ts, v));
-                        }
-                    }
-                    t.samples += 1;
-                    prev = now;
+/// Starts sampling every `period` on a thread of its own; stopping it gives what was sampled.
+pub fn start_sampler(period: Duration) -> Worker<Telemetry> {
+    Worker::spawn("stallscope-telemetry", move |stop| {
+        let mut t = Telemetry::default();
+        let gpus = crate::gpu_plane::nvml::Gpus::open()
+            .map_err(|e| t.missing.push(e))
+            .ok();
+        let mut readings = Vec::new();
+        let mut prev = Raw::read(&mut t.missing);
+        let mut next = std::time::Instant::now() + period;
+        while !stop.load(Ordering::Acquire) {
+            std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
+            next += period;
+            let now = Raw::read(&mut t.missing);
+            now.record_since(&prev, &mut t);
+            if let Some(g) = &gpus {
+                readings.clear();
+                g.read(&mut readings);
+                for (name, unit, v) in readings.drain(..) {
+                    let s = t.series.entry(name).or_default();
+                    s.unit = unit;
+                    s.points.push((now.ts, v));
                 }
-                t
-            })
-            .expect("spawning the telemetry thread");
-        Sampler { stop, handle }
-    }
-
-    /// Asks the thread to stop after its current sample, without waiting for it.
-    pub fn request_stop(&self) {
-        self.stop.store(true, Ordering::Release);
-    }
-
-    /// Whether the thread has stopped ([`Sampler::stop`] returns at once then).
-    pub fn is_finished(&self) -> bool {
-        self.handle.is_finished()
-    }
-
-    /// Stops and returns what was sampled.
-    pub fn stop(self) -> Telemetry {
-        self.request_stop();
-        self.handle.join().expect("telemetry thread panicked")
-    }
+            }
+            t.samples += 1;
+            prev = now;
+        }
+        t
+    })
+    .expect("spawning the telemetry thread")
 }
 
 /// One reading of every source.
@@ -284,7 +247,7 @@ mod tests {
 
     #[test]
     fn samples_cpu_psi_and_memory_of_this_host() {
-        let s = Sampler::start(Duration::from_millis(10));
+        let s = start_sampler(Duration::from_millis(10));
         // Keep one CPU busy so utilisation is visibly above zero.
         let end = std::time::Instant::now() + Duration::from_millis(300);
         let mut x = 0u64;
@@ -292,7 +255,7 @@ mod tests {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
         }
         std::hint::black_box(x);
-        let t = s.stop();
+        let t = s.stop().unwrap();
         assert!(t.samples >= 15, "{} samples in 300 ms at 100 Hz", t.samples);
         let util = t.mean("cpu.util", 0, u64::MAX).unwrap();
         assert!(util > 20.0 && util <= 100.0, "cpu.util {util}");

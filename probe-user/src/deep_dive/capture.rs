@@ -5,11 +5,7 @@
 
 use std::{
     collections::BTreeMap,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
-    },
-    thread::JoinHandle,
+    sync::{atomic::Ordering, Arc, Mutex},
     time::Duration,
 };
 
@@ -28,6 +24,7 @@ use crate::{
     procfs,
     python_plane::{Capture as PythonCapture, PythonReport, PythonRequest},
     telemetry::{self, Telemetry},
+    worker::Worker,
 };
 
 /// What to capture.
@@ -180,7 +177,7 @@ pub struct Running {
     drainer: Option<Drainer>,
     python: Option<PythonCapture>,
     stacks: Option<StackThread>,
-    telemetry: Option<telemetry::Sampler>,
+    telemetry: Option<Worker<Telemetry>>,
     gpu: Vec<GpuPlane>,
     gpu_events: BTreeMap<u32, Vec<GpuEvent>>,
     processes: BTreeMap<u32, String>,
@@ -217,7 +214,7 @@ impl Running {
         let pid = opts.pid;
         let mut notes = Vec::new();
         let telemetry = (opts.telemetry_hz > 0.0)
-            .then(|| telemetry::Sampler::start(Duration::from_secs_f64(1.0 / opts.telemetry_hz)));
+            .then(|| telemetry::start_sampler(Duration::from_secs_f64(1.0 / opts.telemetry_hz)));
         let mut added = Vec::new();
         for p in process_tree(pid) {
             if !plane.is_watched(p) {
@@ -382,8 +379,8 @@ impl Running {
             plane.set_deep_dive(false)?;
             d.request_stop();
         }
-        if let Some((stop, _)) = &self.stacks {
-            stop.store(true, Ordering::Release);
+        if let Some(s) = &self.stacks {
+            s.request_stop();
         }
         if let Some(t) = &self.telemetry {
             t.request_stop();
@@ -396,11 +393,8 @@ impl Running {
     pub fn stopped(&self) -> bool {
         self.ended.is_some()
             && self.drainer.as_ref().is_none_or(Drainer::is_finished)
-            && self.stacks.as_ref().is_none_or(|(_, h)| h.is_finished())
-            && self
-                .telemetry
-                .as_ref()
-                .is_none_or(telemetry::Sampler::is_finished)
+            && self.stacks.as_ref().is_none_or(Worker::is_finished)
+            && self.telemetry.as_ref().is_none_or(Worker::is_finished)
     }
 
     /// Stops every source (waiting for their threads), restores the target, and returns what
@@ -433,13 +427,13 @@ impl Running {
             (None, None) => None,
         };
         let (stacks, stack_errors) = match self.stacks.take() {
-            Some((_, h)) => h.join().unwrap_or_default(),
+            Some(s) => s.stop().unwrap_or_default(),
             None => (Vec::new(), 0),
         };
         let telemetry = self
             .telemetry
             .take()
-            .map(telemetry::Sampler::stop)
+            .map(|t| t.stop().expect("telemetry thread panicked"))
             .unwrap_or_default();
         self.notes.extend(telemetry.missing.iter().cloned());
         let store = std::mem::replace(
@@ -502,10 +496,8 @@ fn attach_gpu(pid: u32, notes: &mut Vec<String>) -> Vec<GpuPlane> {
     }
 }
 
-type StackThread = (
-    Arc<AtomicBool>,
-    JoinHandle<(Vec<(u64, Vec<ThreadStack>)>, u64)>,
-);
+/// The stack sampler: (ns, stacks) samples and the count of failed ones.
+type StackThread = Worker<(Vec<(u64, Vec<ThreadStack>)>, u64)>;
 
 /// py-spy in non-blocking mode on its own thread (it never pauses the target).
 fn start_stack_sampler(pid: u32, hz: f64, notes: &mut Vec<String>) -> Option<StackThread> {
@@ -516,28 +508,24 @@ fn start_stack_sampler(pid: u32, hz: f64, notes: &mut Vec<String>) -> Option<Sta
             return None;
         }
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
     let period = Duration::from_secs_f64(1.0 / hz);
-    let handle = std::thread::Builder::new()
-        .name("stallscope-stacks".into())
-        .spawn(move || {
-            let mut out = Vec::new();
-            let mut errors = 0;
-            let mut next = std::time::Instant::now();
-            while !flag.load(Ordering::Acquire) {
-                let ts = clock::monotonic_ns();
-                match sampler.sample() {
-                    Ok(s) => out.push((ts, s)),
-                    Err(_) => errors += 1,
-                }
-                next += period;
-                std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
+    let worker = Worker::spawn("stallscope-stacks", move |stop| {
+        let mut out = Vec::new();
+        let mut errors = 0;
+        let mut next = std::time::Instant::now();
+        while !stop.load(Ordering::Acquire) {
+            let ts = clock::monotonic_ns();
+            match sampler.sample() {
+                Ok(s) => out.push((ts, s)),
+                Err(_) => errors += 1,
             }
-            (out, errors)
-        })
-        .expect("spawning the stack sampler thread");
-    Some((stop, handle))
+            next += period;
+            std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
+        }
+        (out, errors)
+    })
+    .expect("spawning the stack sampler thread");
+    Some(worker)
 }
 
 #[cfg(test)]

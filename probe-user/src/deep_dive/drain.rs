@@ -2,19 +2,13 @@
 //! wakes us only once the ring is a quarter full; otherwise we drain on a timer. This
 //! keeps the reader from generating the very scheduler events it reads.
 
-use std::{
-    os::fd::AsFd,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-    thread::JoinHandle,
-    time::Duration,
-};
+use std::{os::fd::AsFd, sync::atomic::Ordering, time::Duration};
 
 use aya::maps::{MapData, RingBuf};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use probe_common::Event;
+
+use crate::worker::Worker;
 
 /// How often the ring is drained when the kernel has not asked for it.
 pub const DRAIN_INTERVAL: Duration = Duration::from_millis(20);
@@ -52,10 +46,7 @@ impl EventCounts {
 }
 
 /// A background thread draining the ring into a sink.
-pub struct Drainer {
-    stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<(RingBuf<MapData>, EventCounts)>>,
-}
+pub struct Drainer(Worker<(RingBuf<MapData>, EventCounts)>);
 
 impl Drainer {
     /// Starts draining `ring`, passing every event to `sink`.
@@ -63,56 +54,44 @@ impl Drainer {
         mut ring: RingBuf<MapData>,
         mut sink: impl FnMut(&Event) + Send + 'static,
     ) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        let handle = std::thread::Builder::new()
-            .name("stallscope-ring".into())
-            .spawn(move || {
-                let mut counts = EventCounts::default();
-                let timeout = PollTimeout::try_from(DRAIN_INTERVAL).unwrap_or(PollTimeout::NONE);
-                loop {
-                    let stopping = stop2.load(Ordering::Acquire);
-                    {
-                        let mut fds = [PollFd::new(ring.as_fd(), PollFlags::POLLIN)];
-                        let _ = poll(&mut fds, if stopping { PollTimeout::ZERO } else { timeout });
-                    }
-                    while let Some(item) = ring.next() {
-                        if item.len() >= size_of::<Event>() {
-                            // SAFETY: the kernel writes whole `Event`s; read unaligned.
-                            let e = unsafe { (item.as_ptr() as *const Event).read_unaligned() };
-                            counts.add(&e);
-                            sink(&e);
-                        }
-                    }
-                    if stopping {
-                        return (ring, counts);
+        let worker = Worker::spawn("stallscope-ring", move |stop| {
+            let mut counts = EventCounts::default();
+            let timeout = PollTimeout::try_from(DRAIN_INTERVAL).unwrap_or(PollTimeout::NONE);
+            loop {
+                let stopping = stop.load(Ordering::Acquire);
+                {
+                    let mut fds = [PollFd::new(ring.as_fd(), PollFlags::POLLIN)];
+                    let _ = poll(&mut fds, if stopping { PollTimeout::ZERO } else { timeout });
+                }
+                while let Some(item) = ring.next() {
+                    if item.len() >= size_of::<Event>() {
+                        // SAFETY: the kernel writes whole `Event`s; read unaligned.
+                        let e = unsafe { (item.as_ptr() as *const Event).read_unaligned() };
+                        counts.add(&e);
+                        sink(&e);
                     }
                 }
-            })
-            .expect("spawning the ring drainer thread");
-        Self {
-            stop,
-            handle: Some(handle),
-        }
+                if stopping {
+                    return (ring, counts);
+                }
+            }
+        })
+        .expect("spawning the ring drainer thread");
+        Self(worker)
     }
 
     /// Asks the thread to drain what is left and stop, without waiting for it.
     pub fn request_stop(&self) {
-        self.stop.store(true, Ordering::Release);
+        self.0.request_stop();
     }
 
     /// Whether the thread has stopped ([`Drainer::stop`] returns at once then).
     pub fn is_finished(&self) -> bool {
-        self.handle.as_ref().is_none_or(|h| h.is_finished())
+        self.0.is_finished()
     }
 
     /// Drains what is left, stops the thread, and gives the ring back with the counts.
-    pub fn stop(mut self) -> (RingBuf<MapData>, EventCounts) {
-        self.request_stop();
-        self.handle
-            .take()
-            .expect("drainer stopped once")
-            .join()
-            .expect("ring drainer thread panicked")
+    pub fn stop(self) -> (RingBuf<MapData>, EventCounts) {
+        self.0.stop().expect("ring drainer thread panicked")
     }
 }
