@@ -3,15 +3,19 @@
 //! aligned with the kernel's scheduling events of the same thread, and a CPU hog started
 //! during the deep-dive window is ranked as CPU contention against the normal reference.
 
-use std::{path::Path, process::Command, time::Duration};
+use std::{
+    path::Path,
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
 
 use perfetto_writer::read::{self, Decoded, TrackKind};
 use serde_json::Value;
 
 mod common;
 use common::{
-    expect_failure, python_check, require_root, stallscope, start_engine, start_hog, tmpdir,
-    TOY_HOG_SPIN,
+    expect_failure, python_check, require_root, stallscope, start_engine, start_hog,
+    start_timed_engine, tmpdir, toy_steps_between, TOY_HOG_SPIN,
 };
 
 const STEP: &str = "__main__:Engine.step";
@@ -29,6 +33,33 @@ fn deep_dive(pid: u32, dir: &Path, baseline: &str, duration: &str) -> Command {
     c
 }
 
+/// Starts `cmd` (a deep dive) with its stderr in `dir`/stderr.txt.
+fn spawn_logged(mut cmd: Command, dir: &Path) -> Child {
+    cmd.stderr(std::fs::File::create(dir.join("stderr.txt")).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until the deep dive in `dir` says `window` ("normal reference" or "deep-dive") is
+/// open; its CLOCK_MONOTONIC ns. The capture's setup (eBPF, probes, samplers) takes a time
+/// that depends on the machine, so nothing is timed from the spawn.
+fn window_open(dir: &Path, window: &str) -> u64 {
+    let want = format!("deep-dive: {window} window open");
+    let t = Instant::now();
+    loop {
+        let err = std::fs::read_to_string(dir.join("stderr.txt")).unwrap_or_default();
+        if let Some(line) = err.lines().find(|l| l.starts_with(&want)) {
+            let ns = line.rsplit_once("t=").unwrap().1.trim_end_matches(" ns)");
+            return ns.parse().unwrap();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no \"{want}\" within 60 s:\n{err}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Sum of the overlap of `track`'s slices named `name` with [start, end).
 fn overlap(d: &Decoded, track: u64, name: &str, start: u64, end: u64) -> u64 {
     d.slices
@@ -42,11 +73,13 @@ fn overlap(d: &Decoded, track: u64, name: &str, start: u64, end: u64) -> u64 {
 fn trace_is_valid_aligned_and_a_cpu_hog_ranks_first() {
     require_root();
     let dir = tmpdir("deep-dive");
-    let engine = start_engine();
+    let times = dir.join("toy-times.txt");
+    let engine = start_timed_engine(&times);
     let pid = engine.0.id();
-    let mut dd = deep_dive(pid, &dir, "3s", "3s").spawn().unwrap();
+    let mut dd = spawn_logged(deep_dive(pid, &dir, "3s", "3s"), &dir);
     // The hog starts inside the deep-dive window (after the 3 s reference).
-    std::thread::sleep(Duration::from_millis(3600));
+    let reference_ns = window_open(&dir, "normal reference");
+    let split_ns = window_open(&dir, "deep-dive");
     let hog = start_hog("0", TOY_HOG_SPIN);
     let status = dd.wait().unwrap();
     drop(hog);
@@ -75,7 +108,14 @@ fn trace_is_valid_aligned_and_a_cpu_hog_ranks_first() {
         .iter()
         .filter(|s| s.track == main.uuid && s.name == STEP)
         .collect();
-    assert!(steps.len() > 200, "{} step spans", steps.len());
+    // Every step the toy timed in the two windows, but those cut by their edges.
+    std::thread::sleep(Duration::from_secs(1));
+    let own = toy_steps_between(&times, reference_ns, split_ns + 3_000_000_000);
+    assert!(
+        steps.len() + 2 >= own && own > 0,
+        "{} step spans, the toy timed {own} steps in the windows",
+        steps.len()
+    );
     assert!(
         steps.iter().all(|s| s.args.contains_key("bs")),
         "bs argument"
@@ -157,8 +197,9 @@ fn target_exit_mid_capture_keeps_what_was_captured() {
     let dir = tmpdir("deep-dive-exit");
     let engine = start_engine();
     let pid = engine.0.id();
-    let mut dd = deep_dive(pid, &dir, "1s", "5s").spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(2000));
+    let mut dd = spawn_logged(deep_dive(pid, &dir, "1s", "5s"), &dir);
+    window_open(&dir, "deep-dive");
+    std::thread::sleep(Duration::from_secs(1));
     drop(engine);
     let status = dd.wait().unwrap();
     assert!(status.success(), "{status}");

@@ -2,7 +2,7 @@
 //! running kernel, real workload processes. They need root (CI runs as root).
 
 use std::{
-    io::{BufRead, BufReader},
+    io::{BufRead, BufReader, Read, Write},
     process::{Child, Command, Output, Stdio},
     time::Duration,
 };
@@ -22,6 +22,7 @@ impl Workload {
     fn start(args: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_stallscope-workload"))
             .args(args)
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .expect("start workload");
@@ -265,15 +266,34 @@ fn no_such_pid_is_a_clear_error() {
 #[test]
 fn target_exit_during_probe_gives_partial_result() {
     require_root();
-    let w = Workload::start(&["exit-after", "--ms", "1200"]);
-    let (out, report) = run_json(&[
-        "probe",
-        "--pid",
-        &w.pid().to_string(),
-        "--duration",
-        "10s",
-        "--json",
-    ]);
+    let mut w = Workload::start(&["exit-after", "--ms", "1200"]);
+    let mut probe = stallscope()
+        .args(["probe", "--pid", &w.pid().to_string()])
+        .args(["--duration", "10s", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The workload's 1.2 s start once the window is open, however long the probe's setup took.
+    let mut stderr = BufReader::new(probe.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("probe: window open") {
+        assert!(
+            stderr.read_line(&mut said).unwrap() > 0,
+            "the probe ended before its window opened:\n{said}"
+        );
+    }
+    writeln!(w.child.stdin.as_mut().unwrap(), "go").unwrap();
+    stderr.read_to_string(&mut said).unwrap();
+    let mut out = probe.wait_with_output().unwrap();
+    out.stderr = said.into_bytes();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(report["target_exited"], true);
     let window = report["window_ns"].as_u64().unwrap();
     assert!(

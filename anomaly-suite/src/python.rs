@@ -20,6 +20,19 @@ const MAX_SLEEP_S: f64 = 0.020;
 /// The function slowed when none is given: vLLM's scheduler step.
 pub const DEFAULT_FUNCTION: &str = "vllm.v1.core.sched.scheduler:Scheduler.schedule";
 
+/// `t` on CLOCK_MONOTONIC, in seconds: the clock of Python's `time.monotonic()` on Linux, so
+/// that the code injected ends at the injector's own deadline however long the injection took.
+fn monotonic_s(t: Instant) -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let now = ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
+    now + t.saturating_duration_since(Instant::now()).as_secs_f64()
+}
+
 fn run(pid: u32, source: &str) -> Result<()> {
     pyframe_tracer::inject::run_source(pid as i32, source, SAFE_POINT)
         .with_context(|| format!("running the scenario's code in process {pid}"))
@@ -30,15 +43,15 @@ fn run(pid: u32, source: &str) -> Result<()> {
 pub fn gc_storm(p: &Params, stop: &AtomicBool) -> Result<String> {
     let pid = p.pid.expect("checked by Scenario::run");
     let rate = MAX_COLLECTIONS * p.intensity;
-    let secs = p.duration.as_secs_f64();
     let deadline = Instant::now() + p.duration;
+    let end = monotonic_s(deadline);
     run(
         pid,
         &format!(
             r#"import gc, sys, threading, time
 ev = threading.Event()
 sys._stallscope_gc_storm = ev
-def storm(end=time.monotonic() + {secs}, gap=1.0 / {rate}):
+def storm(end={end}, gap=1.0 / {rate}):
     while time.monotonic() < end and not ev.is_set():
         junk = []
         for _ in range(2000):
@@ -72,8 +85,8 @@ pub fn sync_stall(p: &Params, stop: &AtomicBool) -> Result<String> {
         .split_once(':')
         .context("--function must be MODULE:QUALNAME")?;
     let sleep = MAX_SLEEP_S * p.intensity;
-    let secs = p.duration.as_secs_f64();
     let deadline = Instant::now() + p.duration;
+    let end = monotonic_s(deadline);
     let locate = format!(
         r#"import importlib, sys
 parts = {qualname:?}.split('.')
@@ -93,7 +106,7 @@ if hasattr(current, '__stallscope_orig__'):
 if not callable(current) or isinstance(current, (staticmethod, classmethod)):
     raise TypeError('%s is not a plain function' % {function:?})
 orig = current
-def stalled(*args, __orig=orig, __end=time.monotonic() + {secs}, **kwargs):
+def stalled(*args, __orig=orig, __end={end}, **kwargs):
     if time.monotonic() < __end:
         time.sleep({sleep})
     return __orig(*args, **kwargs)
@@ -102,7 +115,7 @@ setattr(owner, name, stalled)
 def restore():
     if getattr(owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name), '__stallscope_orig__', None) is orig:
         setattr(owner, name, orig)
-threading.Timer({secs}, restore).start()
+threading.Timer(max(0.0, {end} - time.monotonic()), restore).start()
 "#
         ),
     )?;

@@ -54,6 +54,21 @@ pub fn queue(
     build: impl Fn(u64, u64) -> String,
 ) -> Result<(Queued, QueueCost)> {
     check_running(pid)?;
+    // A target that exits midway makes its maps, symbols or memory unreadable: say that it
+    // exited rather than what could not be read.
+    queue_running(pid, rt, options, script, build).map_err(|e| match check_running(pid) {
+        Err(Error::TargetExited(_) | Error::NoSuchProcess(_)) => Error::TargetExited(pid),
+        _ => e,
+    })
+}
+
+fn queue_running(
+    pid: i32,
+    rt: &PythonRuntime,
+    options: Options,
+    script: &str,
+    build: impl Fn(u64, u64) -> String,
+) -> Result<(Queued, QueueCost)> {
     if rt.uses_pep768() {
         let line = build(0, 0);
         let host = std::path::PathBuf::from(format!("/proc/{pid}/root{script}"));
@@ -150,18 +165,30 @@ fn cancel(pid: i32, queued: &Queued) {
     }
 }
 
-/// A stopped target cannot reach a safe point, and a zombie has exited; say so instead of timing out.
+/// The kernel's "getting shut down" task flag (`PF_EXITING`, include/linux/sched.h), in the
+/// flags field of `/proc/PID/stat`.
+const PF_EXITING: u64 = 0x4;
+
+/// A stopped target cannot reach a safe point, and a zombie or a process on its way out (its
+/// memory may already be gone) has exited; say so instead of timing out.
 fn check_running(pid: i32) -> Result<()> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map_err(|_| Error::NoSuchProcess(pid))?;
-    let state = stat
+    // After the command name: state, ppid, pgrp, session, tty_nr, tpgid, flags, ...
+    let fields: Vec<&str> = stat
         .rsplit(')')
         .next()
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or("");
-    match state {
-        "T" | "t" => Err(Error::TargetStopped(pid)),
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let exiting = fields
+        .get(6)
+        .and_then(|f| f.parse::<u64>().ok())
+        .is_some_and(|f| f & PF_EXITING != 0);
+    match fields.first().copied().unwrap_or("") {
         "Z" | "X" => Err(Error::TargetExited(pid)),
+        _ if exiting => Err(Error::TargetExited(pid)),
+        "T" | "t" => Err(Error::TargetStopped(pid)),
         _ => Ok(()),
     }
 }

@@ -223,12 +223,44 @@ fn start_toy(times: Option<&Path>) -> Proc {
     p
 }
 
+/// CLOCK_MONOTONIC now, in ns: the clock of the probes' and the toy engine's stamps.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The steps the toy engine timed into `times` that ended in `from_ns..to_ns`
+/// (CLOCK_MONOTONIC): its own count of its pace. The toy flushes its file every 50 steps, so
+/// read it a second after `to_ns`.
+pub fn toy_steps_between(times: &Path, from_ns: u64, to_ns: u64) -> usize {
+    std::fs::read_to_string(times)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').next()?.parse::<u64>().ok())
+        .filter(|end| (from_ns..to_ns).contains(end))
+        .count()
+}
+
 /// How much slower than usual the toy engine's own clock saw its `steps` steps that ended by
 /// `end_ns` (CLOCK_MONOTONIC, as the probes' timestamps): their wall time over the median wall
 /// time of steps with the same work, among all it timed (its workloads repeat every 256
 /// steps). Evidence of a slowdown that comes neither from stallscope's measurement nor from
 /// its model.
 pub fn toy_slowdown(times: &Path, end_ns: u64, steps: usize) -> f64 {
+    // The toy writes its file every 50 steps: wait until it has timed a step past `end_ns`.
+    let t = std::time::Instant::now();
+    while toy_steps_between(times, end_ns + 1_000_000, u64::MAX) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the toy timed no step after {end_ns} ns within 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let text = std::fs::read_to_string(times).unwrap();
     // end ns, wall ns, work units
     let rows: Vec<(u64, f64, u64)> = text

@@ -40,7 +40,8 @@ enum Mode {
         #[arg(long, default_value_t = 0.0)]
         warmup: f64,
     },
-    /// Starts a few threads that work and sleep, then exits after `ms`.
+    /// Starts a few threads that work and sleep, then waits for a line on stdin (a probe's
+    /// window is open) and exits `ms` after it.
     ExitAfter {
         #[arg(long)]
         ms: u64,
@@ -175,6 +176,8 @@ fn main() {
                 });
             }
             announce(serde_json::json!({ "pid": std::process::id() }));
+            let mut go = String::new();
+            let _ = std::io::stdin().read_line(&mut go);
             std::thread::sleep(Duration::from_millis(ms));
             STOP.store(true, Ordering::Relaxed);
             std::process::exit(0);

@@ -5,7 +5,9 @@ Usage: python py_loop.py MODE [THREADS]
   MODE busy    — each call spins ~1 ms in pure Python (no syscalls except the stamp line)
   MODE threads — THREADS worker threads run the sleep loop; the main thread polls them
   MODE blocked — the main thread blocks in read() on a pipe until a line arrives on stdin, then runs the sleep loop
-  MODE exit-soon — like blocked, but the process exits (status 3) after 1 s without ever running the loop
+  MODE exit-soon — like blocked, but the process exits (status 3) as soon as stallscope's ring for it appears in
+                   /dev/shm (an attach is under way, however long stallscope took to start), without ever running
+                   the loop; after 60 s in any case
 
 Every call prints: "call THREAD STEP T0 T1 BS TOKENS SEQ RESULT" (CLOCK_MONOTONIC ns, taken inside the function).
 Every 100 calls per thread it prints "clean STEP 0|1": 1 when no trace of a probe is present.
@@ -87,7 +89,13 @@ def main():
     elif mode in ("blocked", "exit-soon"):
         r, w = os.pipe()
         if mode == "exit-soon":
-            threading.Timer(1.0, os._exit, args=(3,)).start()
+            def exit_when_attaching():
+                ring = "stallscope-ring-%d-" % os.getpid()
+                end = time.monotonic() + 60
+                while time.monotonic() < end and not any(f.startswith(ring) for f in os.listdir("/dev/shm")):
+                    time.sleep(0.005)
+                os._exit(3)
+            threading.Thread(target=exit_when_attaching, daemon=True).start()
 
         def feeder():
             sys.stdin.readline()

@@ -12,6 +12,7 @@ mod gpu_check;
 mod portable_agent;
 mod setup;
 mod vllm;
+mod vllm_size;
 
 use std::{
     path::{Path, PathBuf},
@@ -110,7 +111,7 @@ fn main() -> Result<()> {
 /// 15 minutes): brings the server up, runs the test with its JSON in STALLSCOPE_VLLM, and
 /// stops the server whatever the outcome.
 fn vllm_end_to_end() -> Result<()> {
-    let server = vllm::up(8000)?;
+    let server = vllm::up(8000, None, None)?;
     let result = run_checked(
         Command::new(env!("CARGO"))
             .args([

@@ -3,8 +3,9 @@
 //! Everything lives in the cache, outside the checkout:
 //! - `vllm-uv/`: a bootstrap venv holding `uv`;
 //! - `vllm-venv/`: vLLM CPU and its requirements, with PyPI's torch in place of the `+cpu` build;
-//! - `vllm-model-small/`: a random-init Llama and a locally trained tokenizer (`vllm/make_model.py`);
-//! - `vllm-run/`: the running server's state file and log.
+//! - `vllm-model-<size>/`: a random-init Llama and a locally trained tokenizer
+//!   (`vllm/make_model.py`), one per size `up` has served ([`vllm_size`](crate::vllm_size));
+//! - `vllm-run/`: the running server's state file and log, and the size chosen for this CPU.
 //!
 //! Each part carries a stamp naming what it was built from, so re-runs reuse what is current.
 
@@ -25,6 +26,7 @@ use serde_json::json;
 use crate::{
     run_checked,
     setup::{cache_dir, pyenv_python},
+    vllm_size::{decode_step_b8, Cpu, Size, MAX_STEP_MS, SIZES},
 };
 
 /// The CPython the venv is built on.
@@ -47,11 +49,25 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Subcommand)]
 pub enum Vllm {
     /// Build (or reuse) the venv and the model, start the OpenAI server detached, wait until it
-    /// answers, and print one JSON line: {"api_pid", "engine_pid", "port", "log"}.
+    /// answers, measure its decode step, and print one JSON line: {"api_pid", "engine_pid",
+    /// "port", "log", "model_dir", "sizing"}. "sizing" says which dtype and model size were
+    /// served, on which CPU, the decode step measured at batch 8, and why.
+    ///
+    /// The dtype is bfloat16 where the CPU has AVX512-BF16 or AMX, else float32. The model is
+    /// the largest size whose median decode step at batch 8 is at most 70 ms (the range the
+    /// end-to-end tests were designed for): `up` starts with the size last chosen on this CPU
+    /// (else the largest), measures 16 fixed-length requests, and restarts with a smaller model
+    /// when the step is slower.
     Up {
         /// Loopback port the server listens on.
         #[arg(long, default_value_t = 8000)]
         port: u16,
+        /// Serve in this dtype instead of the CPU's choice.
+        #[arg(long, value_parser = ["bfloat16", "float32"])]
+        dtype: Option<String>,
+        /// Serve this model size, whatever its step (`small`, `medium`, `compact`, `mini`).
+        #[arg(long, value_parser = ["small", "medium", "compact", "mini"])]
+        size: Option<String>,
     },
     /// Send a bounded stream of /v1/completions requests and print a one-line JSON summary;
     /// fails if any request failed.
@@ -83,8 +99,15 @@ pub enum Vllm {
 /// Runs one `cargo xtask vllm` subcommand.
 pub fn run(cmd: Vllm) -> Result<()> {
     match cmd {
-        Vllm::Up { port } => {
-            println!("{}", up(port)?);
+        Vllm::Up { port, dtype, size } => {
+            println!(
+                "{}",
+                up(
+                    port,
+                    dtype.as_deref(),
+                    size.as_deref().and_then(Size::named)
+                )?
+            );
             Ok(())
         }
         Vllm::Load {
@@ -107,8 +130,8 @@ fn venv_dir() -> PathBuf {
     cache_dir().join("vllm-venv")
 }
 
-fn model_dir() -> PathBuf {
-    cache_dir().join("vllm-model-small")
+fn model_dir(size: Size) -> PathBuf {
+    cache_dir().join(format!("vllm-model-{}", size.name))
 }
 
 fn run_dir() -> PathBuf {
@@ -217,22 +240,32 @@ fn ensure_venv() -> Result<PathBuf> {
     Ok(python)
 }
 
-/// Builds the model unless it is current (its stamp is the venv's stamp plus the generating
-/// script).
-fn ensure_model(python: &Path) -> Result<PathBuf> {
+/// Builds the model of `size` unless it is current (its stamp is the venv's stamp, the
+/// generating script and the shape).
+fn ensure_model(python: &Path, size: Size) -> Result<PathBuf> {
     let generator = script("make_model.py");
     let recipe = fs::read_to_string(stamp(&venv_dir()))?
         + &fs::read_to_string(&generator)
-            .with_context(|| format!("reading {}", generator.display()))?;
-    let dir = model_dir();
+            .with_context(|| format!("reading {}", generator.display()))?
+        + &size.args().join(" ");
+    let dir = model_dir(size);
     if is_current(&dir, &recipe) {
         return Ok(dir);
     }
-    eprintln!("vllm: building the model in {}", dir.display());
+    eprintln!(
+        "vllm: building the {} model in {}",
+        size.name,
+        dir.display()
+    );
     let tmp = dir.with_extension("tmp");
     let _ = fs::remove_dir_all(&tmp);
     let _ = fs::remove_dir_all(&dir);
-    run_checked(offline(Command::new(python)).arg(&generator).arg(&tmp))?;
+    run_checked(
+        offline(Command::new(python))
+            .arg(&generator)
+            .arg(&tmp)
+            .args(size.args()),
+    )?;
     fs::write(stamp(&tmp), recipe)?;
     fs::rename(&tmp, &dir)?;
     Ok(dir)
@@ -244,6 +277,9 @@ struct Server {
     engine_pid: i32,
     port: u16,
     log: PathBuf,
+    model_dir: PathBuf,
+    /// What was served and why (see [`Vllm::Up`]); null until the step is measured.
+    sizing: serde_json::Value,
 }
 
 impl Server {
@@ -270,6 +306,8 @@ impl Server {
             engine_pid: i32::try_from(field("engine_pid")?)?,
             port: u16::try_from(field("port")?)?,
             log: PathBuf::from(v["log"].as_str().unwrap_or_default()),
+            model_dir: PathBuf::from(v["model_dir"].as_str().unwrap_or_default()),
+            sizing: v["sizing"].clone(),
         }))
     }
 
@@ -279,6 +317,8 @@ impl Server {
             "engine_pid": self.engine_pid,
             "port": self.port,
             "log": self.log,
+            "model_dir": self.model_dir,
+            "sizing": self.sizing,
         })
         .to_string()
     }
@@ -399,8 +439,9 @@ fn log_tail(log: &Path) -> String {
 }
 
 /// `cargo xtask vllm up`.
-/// Brings the server up (or finds it running) and returns its JSON line.
-pub fn up(port: u16) -> Result<String> {
+/// Brings the server up (or finds it running) and returns its JSON line. `dtype` and `size`
+/// override the choices described at [`Vllm::Up`].
+pub fn up(port: u16, dtype: Option<&str>, size: Option<Size>) -> Result<String> {
     if let Some(server) = Server::load()? {
         if !server.processes().is_empty() {
             if server.port != port {
@@ -423,7 +464,139 @@ pub fn up(port: u16) -> Result<String> {
         fs::remove_file(Server::state_file())?;
     }
     let python = ensure_venv()?;
-    let model = ensure_model(&python)?;
+    let cpu = Cpu::read()?;
+    let dtype = dtype.unwrap_or(cpu.dtype());
+    let chosen = Chosen::new(&cpu, dtype)?;
+    let mut serve = size.or_else(|| chosen.load()).unwrap_or(SIZES[0]);
+    let mut measured = Vec::new();
+    loop {
+        let model = ensure_model(&python, serve)?;
+        let mut server = start(&python, &model, port, dtype)?;
+        let step = match measure_step(&python, &server) {
+            Ok(step) => step,
+            Err(e) => {
+                stop_group(server.api_pid);
+                return Err(e);
+            }
+        };
+        measured.push(json!({"size": serve.name, "decode_step_ms_b8": step}));
+        eprintln!(
+            "vllm: the {} model's median decode step at batch 8 took {step:.1} ms in {dtype}",
+            serve.name
+        );
+        let smaller = serve.smaller_for(step).filter(|_| size.is_none());
+        if let Some(next) = smaller.filter(|_| step > MAX_STEP_MS) {
+            eprintln!(
+                "vllm: above {MAX_STEP_MS} ms, the slowest step the tests were designed for: restarting with the {} model",
+                next.name
+            );
+            stop_group(server.api_pid);
+            serve = next;
+            continue;
+        }
+        let size_why = match (size, step <= MAX_STEP_MS) {
+            (Some(_), _) => "given (--size)".to_string(),
+            (None, true) if measured.len() == 1 => format!(
+                "the first size tried (the largest, or the one last chosen on this CPU) measured at most {MAX_STEP_MS} ms"
+            ),
+            (None, true) => format!(
+                "the largest size estimated from the slower ones' steps to fit, measured at most {MAX_STEP_MS} ms"
+            ),
+            (None, false) => format!(
+                "the smallest size, still above {MAX_STEP_MS} ms: this CPU is too slow for what the end-to-end tests were designed for"
+            ),
+        };
+        let dtype_why = if dtype != cpu.dtype() {
+            "given (--dtype)"
+        } else if cpu.fast_bf16() {
+            "the CPU has AVX512-BF16 or AMX"
+        } else {
+            "the CPU has neither AVX512-BF16 nor AMX, without which PyTorch runs bfloat16 far slower than float32"
+        };
+        server.sizing = json!({
+            "cpu": cpu.to_json(),
+            "dtype": dtype,
+            "dtype_why": dtype_why,
+            "model": serve.to_json(),
+            "decode_step_ms_b8": step,
+            "max_step_ms": MAX_STEP_MS,
+            "size_why": size_why,
+            "measured": measured,
+        });
+        server.save()?;
+        if size.is_none() {
+            chosen.save(serve)?;
+        }
+        return Ok(server.to_json());
+    }
+}
+
+/// The size chosen last on this CPU, in this dtype and venv: where `up` starts, so that only
+/// the first `up` on a machine may restart the server.
+struct Chosen {
+    key: String,
+}
+
+impl Chosen {
+    fn new(cpu: &Cpu, dtype: &str) -> Result<Chosen> {
+        Ok(Chosen {
+            key: format!(
+                "{}\n{dtype}\n{}",
+                cpu.to_json(),
+                fs::read_to_string(stamp(&venv_dir()))?
+            ),
+        })
+    }
+
+    fn file() -> PathBuf {
+        run_dir().join("chosen-size.json")
+    }
+
+    fn load(&self) -> Option<Size> {
+        let v: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(Self::file()).ok()?).ok()?;
+        if v["key"] != self.key.as_str() {
+            return None;
+        }
+        Size::named(v["size"].as_str()?)
+    }
+
+    fn save(&self, size: Size) -> Result<()> {
+        let text = json!({"key": self.key, "size": size.name}).to_string();
+        fs::write(Self::file(), text).with_context(|| format!("writing {}", Self::file().display()))
+    }
+}
+
+/// The median decode step at batch 8 of the server just started, by vLLM's own log: 16
+/// requests of 32 prompt and 64 output tokens, 8 at a time.
+fn measure_step(python: &Path, server: &Server) -> Result<f64> {
+    let from = fs::metadata(&server.log)?.len() as usize;
+    let mut cmd = load_command(python, server.port, &server.model_dir, 8, 4242);
+    cmd.args([
+        "--requests",
+        "16",
+        "--min-prompt",
+        "32",
+        "--max-prompt",
+        "32",
+    ])
+    .args(["--min-output", "64", "--max-output", "64"])
+    .stdout(Stdio::null());
+    run_checked(&mut cmd).context("measuring the decode step")?;
+    let log = fs::read(&server.log)?;
+    let tail = String::from_utf8_lossy(&log[from.min(log.len())..]).into_owned();
+    match decode_step_b8(&tail) {
+        Some((step, n)) if n >= 10 => Ok(step),
+        found => bail!(
+            "{} decode steps at batch 8 in {} after 16 requests of 64 tokens, 8 at a time: is --enable-logging-iteration-details still logged?",
+            found.map_or(0, |f| f.1),
+            server.log.display()
+        ),
+    }
+}
+
+/// Starts the server on `model` in `dtype` and waits until it answers.
+fn start(python: &Path, model: &Path, port: u16, dtype: &str) -> Result<Server> {
     if http_status(port, "/").is_some() {
         bail!("port {port} is already in use by another server");
     }
@@ -434,9 +607,9 @@ pub fn up(port: u16) -> Result<String> {
     // the server leads its own session and process group (pgid = its pid), which `down`
     // signals as a whole.
     let mut cmd = offline(Command::new("setsid"));
-    cmd.arg(&python)
+    cmd.arg(python)
         .args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
-        .arg(&model)
+        .arg(model)
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
         .args([
             "--enforce-eager",
@@ -445,7 +618,7 @@ pub fn up(port: u16) -> Result<String> {
             "--max-num-seqs",
             "32",
         ])
-        .args(["--dtype", "bfloat16", "--enable-logging-iteration-details"])
+        .args(["--dtype", dtype, "--enable-logging-iteration-details"])
         // GiB of KV cache (vllm/envs.py).
         .env("VLLM_CPU_KVCACHE_SPACE", "1")
         .env("VLLM_NO_USAGE_STATS", "1")
@@ -472,14 +645,14 @@ pub fn up(port: u16) -> Result<String> {
         .find(|p| p.comm.starts_with("VLLM::EngineCor") && descends_from(&all, p, api_pid))
         .map(|p| p.pid)
         .context("the server answers but has no VLLM::EngineCore process")?;
-    let server = Server {
+    Ok(Server {
         api_pid,
         engine_pid,
         port,
         log,
-    };
-    server.save()?;
-    Ok(server.to_json())
+        model_dir: model.to_path_buf(),
+        sizing: serde_json::Value::Null,
+    })
 }
 
 /// Waits until the server answers `/health`; an error with the log's tail if it exits first
@@ -550,25 +723,38 @@ fn load(
     seed: u64,
 ) -> Result<()> {
     let python = venv_python()?;
-    let port = port
-        .or_else(|| Server::load().ok().flatten().map(|s| s.port))
-        .unwrap_or(8000);
+    let server = Server::load()?
+        .context("no vLLM server was started by cargo xtask vllm up: run it first")?;
+    let port = port.unwrap_or(server.port);
     if !healthy(port) {
         bail!("no vLLM server answers on port {port}: run cargo xtask vllm up");
     }
-    let mut cmd = offline(Command::new(python));
-    cmd.arg(script("load.py"))
-        .args(["--port", &port.to_string()])
-        .arg("--model-dir")
-        .arg(model_dir())
-        .args(["--concurrency", &concurrency.to_string()])
-        .args(["--seed", &seed.to_string()]);
+    let mut cmd = load_command(&python, port, &server.model_dir, concurrency, seed);
     if let Some(n) = requests {
         cmd.args(["--requests", &n.to_string()]);
     }
     if let Some(secs) = duration {
         cmd.args(["--duration", &secs.to_string()]);
     }
+    run_checked(&mut cmd)
+}
+
+/// `vllm/load.py` in the venv against the server on `port` serving `model_dir` (whose
+/// tokenizer cuts the prompts); the caller adds how many requests and of which lengths.
+fn load_command(
+    python: &Path,
+    port: u16,
+    model_dir: &Path,
+    concurrency: u32,
+    seed: u64,
+) -> Command {
+    let mut cmd = offline(Command::new(python));
+    cmd.arg(script("load.py"))
+        .args(["--port", &port.to_string()])
+        .arg("--model-dir")
+        .arg(model_dir)
+        .args(["--concurrency", &concurrency.to_string()])
+        .args(["--seed", &seed.to_string()]);
     // The load ends with this command: a test or script that stops `xtask vllm load` must not
     // leave its clients running against the server.
     // SAFETY: prctl is async-signal-safe and only touches the child.
@@ -578,7 +764,7 @@ fn load(
             Ok(())
         });
     }
-    run_checked(&mut cmd)
+    cmd
 }
 
 /// Stops the server `up` started, if any.

@@ -1,11 +1,12 @@
 """Builds the model that `cargo xtask vllm up` serves, without any hub access.
 
-Usage: python make_model.py OUT_DIR
+Usage: python make_model.py OUT_DIR LAYERS HIDDEN INTERMEDIATE HEADS KV_HEADS
 
-The "small" config: a random-init LlamaForCausalLM (8 layers, hidden 1024, vocab 32000, ~160M
-parameters, bfloat16 safetensors) and a byte-level BPE tokenizer trained here on this
-interpreter's standard-library sources. Everything is seeded, so the weights are the same on
-every machine; the tokenizer depends only on the CPython version's sources.
+A random-init LlamaForCausalLM of that shape (vocab 32000, bfloat16 safetensors; vLLM casts to
+the dtype it serves in) and a byte-level BPE tokenizer trained here on this interpreter's
+standard-library sources. Everything is seeded, so the weights are the same on every machine;
+the tokenizer depends only on the CPython version's sources. `cargo xtask vllm up` picks the
+shape from the decode step it measures on the machine (`SIZES` in xtask/src/vllm_size.rs).
 """
 
 import os
@@ -75,18 +76,18 @@ def tokenizer():
     )
 
 
-def model():
+def model(layers, hidden, intermediate, heads, kv_heads):
     """Random weights from a fixed seed."""
     random.seed(SEED)
     np.random.seed(SEED)
     torch.manual_seed(SEED)
     config = LlamaConfig(
         vocab_size=VOCAB,
-        hidden_size=1024,
-        intermediate_size=2816,
-        num_hidden_layers=8,
-        num_attention_heads=16,
-        num_key_value_heads=8,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=2048,
         bos_token_id=1,
         eos_token_id=2,
@@ -96,11 +97,12 @@ def model():
 
 
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 7 or not all(a.isdigit() for a in sys.argv[2:]):
         sys.exit(__doc__)
     out = pathlib.Path(sys.argv[1])
+    shape = [int(a) for a in sys.argv[2:]]
     tokenizer().save_pretrained(out)
-    m = model()
+    m = model(*shape)
     m.save_pretrained(out)
     params = sum(p.numel() for p in m.parameters())
     print(f"make_model: {params / 1e6:.1f}M parameters in {out}", file=sys.stderr)

@@ -139,6 +139,19 @@ async fn hold(running: &mut Running, args: &DeepDiveArgs) -> (Vec<String>, u64, 
         return (vec!["signal handlers unavailable".into()], 0, true);
     };
     let start = tokio::time::Instant::now();
+    // Said on stderr as `probe` says its window, so that a script knows when each window runs.
+    let say = |what: &str| {
+        bar.suspend(|| {
+            eprintln!(
+                "deep-dive: {what} window open (pid {}, t={} ns)",
+                args.pid,
+                crate::clock::monotonic_ns()
+            )
+        })
+    };
+    if !baseline.is_zero() {
+        say("normal reference");
+    }
     let mut split = None;
     let mut notes = Vec::new();
     let mut interrupted = false;
@@ -149,6 +162,7 @@ async fn hold(running: &mut Running, args: &DeepDiveArgs) -> (Vec<String>, u64, 
         }
         if elapsed >= baseline && split.is_none() {
             split = Some(crate::clock::monotonic_ns());
+            say("deep-dive");
         }
         bar.set_position(elapsed.as_millis() as u64);
         bar.set_message(if split.is_some() {
