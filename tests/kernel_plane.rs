@@ -69,7 +69,7 @@ fn run_json(args: &[&str]) -> (Output, Value) {
     (out, v)
 }
 
-/// Runs `cmd`, asserts that it fails, and returns its stderr.
+/// The report's entry for thread `tid`.
 fn thread(report: &Value, tid: u32) -> &Value {
     report["threads"]
         .as_array()

@@ -3,7 +3,7 @@
 //! sonames. Required entry points fail the load with their name; optional ones are `None`.
 
 use std::{
-    ffi::{c_char, c_void, CStr},
+    ffi::c_void,
     path::{Path, PathBuf},
 };
 
@@ -58,9 +58,6 @@ pub struct Cupti {
     pub get_timestamp: unsafe extern "C" fn(*mut u64) -> CuptiResult,
     /// `cuptiGetVersion` (optional).
     pub get_version: Option<unsafe extern "C" fn(*mut u32) -> CuptiResult>,
-    /// `cuptiGetResultString` (optional).
-    pub get_result_string:
-        Option<unsafe extern "C" fn(CuptiResult, *mut *const c_char) -> CuptiResult>,
     /// `cuptiActivityGetNumDroppedRecords` (optional): (context, streamId, dropped).
     pub activity_get_num_dropped_records:
         Option<unsafe extern "C" fn(*mut c_void, u32, *mut usize) -> CuptiResult>,
@@ -232,7 +229,6 @@ impl Cupti {
             activity_get_next_record: required!("cuptiActivityGetNextRecord"),
             get_timestamp: required!("cuptiGetTimestamp"),
             get_version,
-            get_result_string: optional!("cuptiGetResultString"),
             activity_get_num_dropped_records: optional!("cuptiActivityGetNumDroppedRecords"),
             finalize: optional!("cuptiFinalize"),
             v2,
@@ -248,18 +244,6 @@ impl Cupti {
         let mut v = 0;
         // SAFETY: documented signature; `v` outlives the call.
         (unsafe { f(&mut v) } == result::SUCCESS).then_some(v)
-    }
-
-    /// CUPTI's own text for `code`, when the library provides one.
-    pub fn result_string(&self, code: CuptiResult) -> Option<String> {
-        let f = self.get_result_string?;
-        let mut s: *const c_char = std::ptr::null();
-        // SAFETY: documented signature; CUPTI returns a static string.
-        if unsafe { f(code, &mut s) } != result::SUCCESS || s.is_null() {
-            return None;
-        }
-        // SAFETY: non-null, NUL-terminated static string from CUPTI.
-        Some(unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned())
     }
 
     /// `cuptiGetTimestamp`.

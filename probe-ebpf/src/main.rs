@@ -51,6 +51,13 @@ fn arg(ctx: *mut core::ffi::c_void, n: usize) -> u64 {
     unsafe { *(ctx as *const u64).add(n) }
 }
 
+/// CLOCK_MONOTONIC in ns, the clock of every timestamp the probes keep or emit.
+#[inline(always)]
+fn now_ns() -> u64 {
+    // SAFETY: the helper takes no argument and only reads the clock.
+    unsafe { bpf_ktime_get_ns() }
+}
+
 #[inline(always)]
 fn config() -> Option<&'static Config> {
     CONFIG.get(0)
@@ -61,12 +68,16 @@ fn config() -> Option<&'static Config> {
 /// seeds when it starts watching a process).
 #[inline(always)]
 fn watched(cfg: &Config, tgid: u32) -> bool {
+    // SAFETY: the reference into the map's value is only tested for presence, never read, so
+    // a concurrent update by userspace cannot be observed torn.
     tgid != 0 && tgid != cfg.self_tgid && unsafe { WATCHED.get(tgid) }.is_some()
 }
 
 /// Reads a `u32` field of a `struct task_struct *` at an offset userspace read from BTF.
 #[inline(always)]
 fn task_field(task: u64, offset: u32) -> u32 {
+    // SAFETY: bpf_probe_read_kernel checks the address and fails (read as 0) instead of
+    // faulting; the offset came from the running kernel's BTF for this field.
     unsafe { bpf_probe_read_kernel((task + offset as u64) as *const u32) }.unwrap_or(0)
 }
 
@@ -74,6 +85,10 @@ fn task_field(task: u64, offset: u32) -> u32 {
 /// recycled tid whose old entry has not been reaped yet.
 #[inline(always)]
 fn tracked(tid: u32, tgid: Option<u32>) -> Option<&'static mut ThreadStats> {
+    // SAFETY: the pointer is to the map's value, which stays allocated while this program
+    // runs (the kernel holds the RCU read lock for it). Hooks of other CPUs may write the
+    // same entry at once (a wakeup of this thread); the fields are plain integers, so a race
+    // costs at most one interval's accounting, never memory safety.
     let s = unsafe { &mut *THREAD_STATS.get_ptr_mut(tid)? };
     if s.exited != 0 || tgid.is_some_and(|t| t != s.tgid) {
         return None;
@@ -97,6 +112,7 @@ fn emit(cfg: &Config, kind: u32, tid: u32, ts_ns: u64, arg0: u64, arg1: u64) {
             slot.write(Event {
                 ts_ns,
                 kind: kind as u16,
+                // SAFETY: the helper takes no argument and only reads this CPU's id.
                 cpu: unsafe { bpf_get_smp_processor_id() } as u16,
                 tid,
                 arg0,
@@ -111,6 +127,10 @@ fn emit(cfg: &Config, kind: u32, tid: u32, ts_ns: u64, arg0: u64, arg1: u64) {
         }
         None => {
             if let Some(lost) = LOST.get_ptr_mut(0) {
+                // SAFETY: this CPU's own slot of a per-CPU array, allocated for the map's
+                // life. Only a program nested on this CPU (a wakeup from an interrupt inside a
+                // syscall hook) can write it at the same time, which may lose one count of a
+                // loss counter; never memory safety.
                 unsafe { *lost += 1 };
             }
         }
@@ -138,7 +158,7 @@ fn on_sched_switch(ctx: *mut core::ffi::c_void) -> u32 {
     let mut involved = false;
 
     if let Some(s) = prev {
-        now = unsafe { bpf_ktime_get_ns() };
+        now = now_ns();
         involved = true;
         if s.state == state::RUNNING || s.state == state::UNKNOWN_RUNNABLE {
             s.on_cpu_ns += now.saturating_sub(s.mark_ns);
@@ -154,7 +174,7 @@ fn on_sched_switch(ctx: *mut core::ffi::c_void) -> u32 {
     }
     if let Some(s) = next {
         if !involved {
-            now = unsafe { bpf_ktime_get_ns() };
+            now = now_ns();
             involved = true;
         }
         let waited = now.saturating_sub(s.mark_ns);
@@ -182,7 +202,7 @@ fn on_wakeup(ctx: *mut core::ffi::c_void) -> u32 {
     let Some(s) = tracked(tid, None) else {
         return 0;
     };
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = now_ns();
     if s.state == state::BLOCKED {
         s.blocked_ns += now.saturating_sub(s.mark_ns);
         s.state = state::RUNNABLE;
@@ -204,7 +224,7 @@ fn on_wakeup_new(ctx: *mut core::ffi::c_void) -> u32 {
         return 0;
     }
     let tid = task_field(task, cfg.task_pid_off);
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = now_ns();
     let fresh = ThreadStats {
         tgid,
         state: state::RUNNABLE,
@@ -227,7 +247,7 @@ fn on_exit() -> u32 {
     let (tid, Some(s)) = current_thread() else {
         return 0;
     };
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = now_ns();
     s.exited = 1;
     s.exit_ns = now;
     s.exit_comm = bpf_get_current_comm().unwrap_or_default();
@@ -244,7 +264,7 @@ fn on_sys_enter(ctx: *mut core::ffi::c_void) -> u32 {
     let (tid, Some(s)) = current_thread() else {
         return 0;
     };
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = now_ns();
     let nr = arg(ctx, 1) as u32;
     s.sys_nr = nr;
     s.sys_enter_ns = now;
@@ -265,7 +285,7 @@ fn on_sys_exit(ctx: *mut core::ffi::c_void) -> u32 {
     if nr == NO_SYSCALL {
         return 0;
     }
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = now_ns();
     let ret = arg(ctx, 1) as i64;
     s.sys_nr = NO_SYSCALL;
     let latency = now.saturating_sub(s.sys_enter_ns);
@@ -281,6 +301,8 @@ fn on_sys_exit(ctx: *mut core::ffi::c_void) -> u32 {
         let _ = SYSCALL_STATS.insert(key, SyscallStats::default(), BPF_NOEXIST as u64);
     }
     if let Some(sc) = SYSCALL_STATS.get_ptr_mut(key) {
+        // SAFETY: as in `tracked`: the map's value outlives this run; only this thread's own
+        // syscall exits write its key.
         let sc = unsafe { &mut *sc };
         sc.count += 1;
         sc.total_ns += latency;
