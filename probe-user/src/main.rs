@@ -2,39 +2,21 @@
 //! iterations stall. This binary is the loader, daemon and CLI; it wires the planes
 //! together.
 
-mod accounting;
-mod btf_offsets;
-mod clock;
+mod api;
+mod cli;
 mod config;
-mod daemon;
 mod deep_dive;
-mod engine;
-mod evaluate_cmd;
-mod export;
-mod features;
 mod gpu_plane;
-mod heatmap;
-mod http;
-mod inject_cmd;
-mod iterations;
 mod kernel_plane;
-mod loop_watchdog;
-mod metrics;
-mod model_cmd;
-mod probe_cmd;
-mod procfs;
+mod os;
 mod python_plane;
-mod shared;
-mod stop_flag;
-mod syscall_names;
-mod telemetry;
-mod worker;
+mod sentinel;
 
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 
-use crate::features::{Features, KernelPaths};
+use crate::kernel_plane::features::{Features, KernelPaths};
 
 /// Observability sidecar for LLM inference engines: attaches to a running engine with
 /// no restart and accounts where each thread's time goes.
@@ -82,29 +64,29 @@ enum Command {
         state_dir: Option<PathBuf>,
     },
     /// Fit the decode-latency baseline on an iteration table (LatencyPrism CSV schema).
-    Fit(model_cmd::FitArgs),
+    Fit(cli::model::FitArgs),
     /// Predict iteration durations (µs, one per input row) with a fitted baseline.
-    Predict(model_cmd::PredictArgs),
+    Predict(cli::model::PredictArgs),
     /// Account every thread of a process over a window (on-CPU, run-queue wait, blocked
     /// time, context switches, top syscalls) and time its watched Python functions.
-    Probe(probe_cmd::ProbeArgs),
+    Probe(cli::probe::ProbeArgs),
     /// Capture a bounded window of everything (raw scheduler and syscall events, wider
     /// Python probes, py-spy stack samples, host telemetry) into one Perfetto trace, and rank
     /// root causes against a normal reference window (`--baseline`). The target keeps running.
-    DeepDive(deep_dive::cmd::DeepDiveArgs),
+    DeepDive(cli::deep_dive::DeepDiveArgs),
     /// Inject one anomaly scenario (CPU, memory, I/O, network, Python, process pauses) into an
     /// engine for a bounded time; it always undoes itself (deadline, SIGINT/SIGTERM, parent
     /// death). `--list` names the scenarios.
-    Inject(inject_cmd::InjectArgs),
+    Inject(cli::inject::InjectArgs),
     /// Score detection on the real vLLM engine: bring it up, drive load, fit the baseline,
     /// inject each scenario N times at seeded random times and severities, and write
     /// precision, recall, F1, FPR and lag per strategy (trials.csv, scores.json, table.md,
     /// heatmap.png).
-    Evaluate(evaluate_cmd::EvaluateArgs),
+    Evaluate(cli::evaluate::EvaluateArgs),
     /// Trace what a live Python process runs on its GPU for a window (CUPTI, through an agent
     /// library loaded at a Python safe point and unloaded after): kernels, copies, API calls,
     /// their correlation, launch latency, busy share; optionally a Perfetto trace.
-    Gpu(gpu_plane::cmd::GpuArgs),
+    Gpu(cli::gpu::GpuArgs),
     /// Print the Python stack of every thread of a process (a hang dump), sampled with py-spy
     /// without pausing it.
     Dump {
@@ -159,15 +141,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(d) = state_dir {
                 cfg.state.dir = d;
             }
-            daemon::run(&cfg, &paths)
+            sentinel::daemon::run(&cfg, &paths)
         }
-        Command::Fit(args) => model_cmd::fit(&args),
-        Command::Inject(args) => inject_cmd::run(&args),
-        Command::Evaluate(args) => evaluate_cmd::run(&args),
-        Command::Predict(args) => model_cmd::predict(&args),
-        Command::Gpu(args) => gpu_plane::cmd::run(&args),
-        Command::Probe(args) => rt.block_on(probe_cmd::run(&args, &paths)),
-        Command::DeepDive(args) => rt.block_on(deep_dive::cmd::run(&args, &paths)),
+        Command::Fit(args) => cli::model::fit(&args),
+        Command::Inject(args) => cli::inject::run(&args),
+        Command::Evaluate(args) => cli::evaluate::run(&args),
+        Command::Predict(args) => cli::model::predict(&args),
+        Command::Gpu(args) => cli::gpu::run(&args),
+        Command::Probe(args) => rt.block_on(cli::probe::run(&args, &paths)),
+        Command::DeepDive(args) => rt.block_on(cli::deep_dive::run(&args, &paths)),
         Command::Dump { pid, json } => {
             let stacks = pyframe_tracer::sampling::Sampler::new(pid)?.sample()?;
             if json {

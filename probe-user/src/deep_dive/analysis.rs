@@ -9,7 +9,7 @@ use pyframe_tracer::session::Call;
 use serde::Serialize;
 
 use super::capture::Collected;
-use crate::syscall_names;
+use crate::kernel_plane::syscall_names;
 
 /// Scheduler state of a thread over a span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

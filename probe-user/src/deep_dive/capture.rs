@@ -16,15 +16,15 @@ use pyframe_tracer::{
     Call,
 };
 
-use super::Drainer;
+use crate::kernel_plane::drain::Drainer;
 use crate::{
-    clock,
+    deep_dive::telemetry::{self, Telemetry},
     gpu_plane::{self, GpuEvent, GpuPlane},
     kernel_plane::KernelPlane,
-    procfs,
+    os::clock,
+    os::procfs,
+    os::worker::Worker,
     python_plane::{Capture as PythonCapture, PythonReport, PythonRequest},
-    telemetry::{self, Telemetry},
-    worker::Worker,
 };
 
 /// What to capture.
@@ -187,26 +187,6 @@ pub struct Running {
     ended: Option<(u64, u64)>,
 }
 
-/// The target and its descendants.
-pub fn process_tree(pid: u32) -> Vec<u32> {
-    let all: Vec<(u32, Option<u32>)> = procfs::all_pids()
-        .into_iter()
-        .map(|p| (p, procfs::parent(p)))
-        .collect();
-    let mut tree = vec![pid];
-    let mut i = 0;
-    while i < tree.len() {
-        let parent = tree[i];
-        tree.extend(
-            all.iter()
-                .filter(|(_, pp)| *pp == Some(parent))
-                .map(|(p, _)| *p),
-        );
-        i += 1;
-    }
-    tree
-}
-
 impl Running {
     /// Starts capturing. `plane` must be loaded; its deep-dive ring must not be taken yet.
     pub fn start(opts: Options, plane: &mut KernelPlane) -> Result<Running> {
@@ -216,7 +196,7 @@ impl Running {
         let telemetry = (opts.telemetry_hz > 0.0)
             .then(|| telemetry::start_sampler(Duration::from_secs_f64(1.0 / opts.telemetry_hz)));
         let mut added = Vec::new();
-        for p in process_tree(pid) {
+        for p in procfs::process_tree(pid) {
             if !plane.is_watched(p) {
                 plane
                     .watch(p)
@@ -341,7 +321,7 @@ impl Running {
 
     fn scan_tree(&mut self) {
         self.tree_at = std::time::Instant::now();
-        for p in process_tree(self.opts.pid) {
+        for p in procfs::process_tree(self.opts.pid) {
             if let Some(comm) = procfs::thread_comm(p, p) {
                 self.processes.insert(p, comm);
             }

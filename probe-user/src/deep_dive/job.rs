@@ -17,17 +17,13 @@ use pyframe_tracer::Call;
 
 use super::{
     analysis::{Reference, Timeline},
+    book::{Book, KeptReference},
     capture::{Collected, Options, PythonSource, Running},
     output::{self, Baseline},
     registry::{Phase, Request, SuspectBrief},
 };
 use crate::{
-    clock,
-    config::DeepDiveConfig,
-    gpu_plane::GpuEvent,
-    kernel_plane::KernelPlane,
-    procfs,
-    shared::{KeptReference, Shared},
+    config::DeepDiveConfig, gpu_plane::GpuEvent, kernel_plane::KernelPlane, os::clock, os::procfs,
 };
 
 /// Suspects listed in a deep dive's record.
@@ -171,7 +167,7 @@ impl Job {
     pub fn finish(
         self,
         plane: &mut KernelPlane,
-        shared: Arc<Shared>,
+        book: Arc<Book>,
         dir: PathBuf,
         max_bytes: u64,
     ) -> Option<std::thread::JoinHandle<()>> {
@@ -194,33 +190,33 @@ impl Job {
             Err(e) => {
                 warn!("engine {pid}: capture failed: {e:#}");
                 if let Some(id) = id {
-                    registry(&shared).fail(id, format!("{e:#}"));
+                    registry(&book).fail(id, format!("{e:#}"));
                 }
                 return None;
             }
         };
         if let Some(id) = id {
-            registry(&shared).update(id, |r| r.state = Phase::Writing);
+            registry(&book).update(id, |r| r.state = Phase::Writing);
         }
-        let writer_shared = shared.clone();
+        let writer_book = book.clone();
         let spawned = std::thread::Builder::new()
             .name("stallscope-writer".into())
             .spawn(move || {
-                crate::engine::lower_cpu_priority();
+                crate::os::sched::lower_cpu_priority();
                 match purpose {
-                    Purpose::Reference => keep_reference(&collected, &writer_shared),
+                    Purpose::Reference => keep_reference(&collected, &writer_book),
                     Purpose::DeepDive(req) => {
-                        let reference = writer_shared
+                        let reference = writer_book
                             .references
                             .lock()
                             .expect("references")
                             .get(&pid)
                             .map(|k| k.reference.clone());
                         match write_deep_dive(&collected, split, &req, reference, &dir, max_bytes) {
-                            Ok(done) => registry(&writer_shared).update(req.id, done),
+                            Ok(done) => registry(&writer_book).update(req.id, done),
                             Err(e) => {
                                 warn!("deep dive {}: {e:#}", req.id);
-                                registry(&writer_shared).fail(req.id, format!("{e:#}"));
+                                registry(&writer_book).fail(req.id, format!("{e:#}"));
                             }
                         }
                     }
@@ -230,7 +226,7 @@ impl Job {
             Ok(h) => Some(h),
             Err(e) => {
                 if let Some(id) = id {
-                    registry(&shared).fail(id, format!("cannot start the writer thread: {e}"));
+                    registry(&book).fail(id, format!("cannot start the writer thread: {e}"));
                 }
                 None
             }
@@ -238,12 +234,12 @@ impl Job {
     }
 }
 
-fn registry(shared: &Shared) -> std::sync::MutexGuard<'_, super::registry::Registry> {
-    shared.deep_dives.lock().expect("deep-dive registry lock")
+fn registry(book: &Book) -> std::sync::MutexGuard<'_, super::registry::Registry> {
+    book.registry.lock().expect("deep-dive registry lock")
 }
 
 /// Turns a healthy capture into the engine's normal reference (and shows it in the status).
-fn keep_reference(c: &Collected, shared: &Shared) {
+fn keep_reference(c: &Collected, book: &Book) {
     let timeline = Timeline::build(c);
     let taken = clock::unix_ms();
     let r = Reference::from_window(
@@ -261,7 +257,7 @@ fn keep_reference(c: &Collected, shared: &Shared) {
         c.kernel.len()
     );
     if !r.cycles.is_empty() {
-        shared.references.lock().expect("references").insert(
+        book.references.lock().expect("references").insert(
             c.pid,
             KeptReference {
                 recorded_unix_ms: taken,

@@ -3,12 +3,10 @@
 //! and a root-cause ranking of the window against a normal reference of the same process.
 
 pub mod analysis;
+pub mod book;
 pub mod capture;
-pub mod cmd;
-mod drain;
 pub mod job;
 pub mod output;
 pub mod registry;
+pub mod telemetry;
 pub mod trace;
-
-pub use drain::{Drainer, EventCounts};

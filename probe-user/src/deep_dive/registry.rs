@@ -154,7 +154,7 @@ impl Registry {
             } else {
                 Phase::Capturing
             },
-            requested_unix_ms: crate::clock::unix_ms(),
+            requested_unix_ms: crate::os::clock::unix_ms(),
             duration_ms: duration.as_millis() as u64,
             baseline_ms: baseline.as_millis() as u64,
             trace: None,

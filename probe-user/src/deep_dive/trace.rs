@@ -18,7 +18,7 @@ use super::{
     analysis::{CycleSpan, Timeline},
     capture::Collected,
 };
-use crate::syscall_names;
+use crate::kernel_plane::syscall_names;
 
 /// A named time range of the capture (e.g. the normal reference and the deep dive).
 #[derive(Debug, Clone)]

@@ -10,7 +10,6 @@
 //! `dlclose`. If stallscope dies instead, the agent detaches itself after 30 s of silence.
 
 pub mod clock;
-pub mod cmd;
 pub mod feed;
 pub mod nvml;
 pub mod summary;
@@ -25,7 +24,7 @@ use anyhow::{bail, Context, Result};
 use cupti_sys::channel::{self, control, state, Channel, Event, Names};
 use memmap2::MmapMut;
 
-use crate::clock::monotonic_ns;
+use crate::os::clock::monotonic_ns;
 
 /// Ring slots (64 B each): 16 MiB, about a second of a busy decode loop's records.
 const SLOTS: usize = 1 << 18;
@@ -84,7 +83,7 @@ pub fn agent_library() -> Result<PathBuf> {
 /// tried (no driver, no CUDA process, no agent library).
 pub fn attach_tree(pid: u32) -> Result<(Vec<GpuPlane>, Vec<String>)> {
     require_driver()?;
-    let cuda: Vec<u32> = crate::deep_dive::capture::process_tree(pid)
+    let cuda: Vec<u32> = crate::os::procfs::process_tree(pid)
         .into_iter()
         .filter(|p| is_mapped(*p, "/libcupti.so"))
         .collect();
@@ -164,7 +163,7 @@ pub fn is_mapped(pid: u32, inside: &str) -> bool {
 impl GpuPlane {
     /// Loads the agent into `pid` and waits until it traces (or says why it cannot).
     pub fn attach(pid: u32, agent: &Path) -> Result<GpuPlane> {
-        crate::procfs::require_target(pid)?;
+        crate::os::procfs::require_target(pid)?;
         require_driver()?;
         pyframe_tracer::python::find(pid as i32).map_err(|e| {
             anyhow::anyhow!("{e} (the GPU agent is loaded through the Python plane)")

@@ -9,7 +9,7 @@
 
 use std::{collections::BTreeMap, sync::atomic::Ordering, time::Duration};
 
-use crate::{clock, worker::Worker};
+use crate::{os::clock, os::worker::Worker};
 
 /// One telemetry series.
 #[derive(Debug, Clone, Default)]

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use probe_common::{SyscallStats, ThreadStats};
 use serde::Serialize;
 
-use crate::{kernel_plane::Snapshot, syscall_names};
+use crate::{kernel_plane::syscall_names, kernel_plane::Snapshot};
 
 /// One syscall's totals for a thread over the window.
 #[derive(Debug, Clone, Serialize, PartialEq)]

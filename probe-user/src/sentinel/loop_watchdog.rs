@@ -17,7 +17,7 @@ use std::{
 
 use log::warn;
 
-use crate::clock;
+use crate::os::clock;
 
 /// A loop pass held up this long is reported.
 pub const STUCK_AFTER: Duration = Duration::from_secs(3);

@@ -1,5 +1,5 @@
-//! State the sentinel thread updates and the HTTP handlers read: metrics, per-engine status
-//! and recent alerts (also appended to the JSON-lines alert log).
+//! State the sentinel thread updates and the HTTP handlers read: metrics, per-engine status,
+//! recent alerts (also appended to the JSON-lines alert log) and the deep dives' book.
 
 use std::{
     collections::{BTreeMap, VecDeque},
@@ -12,10 +12,7 @@ use std::{
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::{
-    deep_dive::{analysis::Reference, registry::Registry},
-    metrics::Metrics,
-};
+use crate::{api::metrics::Metrics, deep_dive::book::Book};
 
 /// Alerts kept for `/api/v1/alerts`.
 const RECENT_ALERTS: usize = 256;
@@ -86,26 +83,6 @@ pub struct EngineStatus {
     pub gpu_void_ratio: Option<f64>,
 }
 
-/// An engine's latest normal reference, kept for its deep dives' ranking.
-#[derive(Debug, Clone)]
-pub struct KeptReference {
-    /// When it was recorded, unix ms.
-    pub recorded_unix_ms: u64,
-    /// The reference.
-    pub reference: Arc<Reference>,
-}
-
-impl KeptReference {
-    /// What the status shows of it.
-    pub fn status(&self) -> serde_json::Value {
-        serde_json::json!({
-            "recorded_unix_ms": self.recorded_unix_ms,
-            "cycles": self.reference.cycles.len(),
-            "mean_cycle_ms": self.reference.mean_cycle_ms,
-        })
-    }
-}
-
 /// Shared between the sentinel thread and the HTTP server.
 pub struct Shared {
     /// Prometheus metrics.
@@ -114,12 +91,8 @@ pub struct Shared {
     pub engines: Mutex<BTreeMap<u32, EngineStatus>>,
     /// Engines that could not be attached, with why.
     pub attach_errors: Mutex<BTreeMap<u32, String>>,
-    /// The daemon's deep dives.
-    pub deep_dives: Mutex<Registry>,
-    /// The capture running now (a deep dive or a normal-reference recording), if any.
-    pub capture: Mutex<Option<String>>,
-    /// Each engine's latest normal reference, by pid.
-    pub references: Mutex<BTreeMap<u32, KeptReference>>,
+    /// The deep dives' records, the capture running now and the normal references.
+    pub deep_dive: Arc<Book>,
     alerts: Mutex<VecDeque<Alert>>,
     /// The last alert id of each pid: kept when an engine is let go, so that one attached
     /// again goes on counting instead of reusing ids.
@@ -148,9 +121,7 @@ impl Shared {
             metrics: Metrics::new(),
             engines: Mutex::new(BTreeMap::new()),
             attach_errors: Mutex::new(BTreeMap::new()),
-            deep_dives: Mutex::new(Registry::default()),
-            capture: Mutex::new(None),
-            references: Mutex::new(BTreeMap::new()),
+            deep_dive: Arc::default(),
             alerts: Mutex::new(VecDeque::new()),
             alert_ids: Mutex::new(BTreeMap::new()),
             log: Mutex::new(log),

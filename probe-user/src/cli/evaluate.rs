@@ -575,7 +575,7 @@ fn write_outputs(
         out.join("table.md"),
         markdown(&table, ucl, args, records, &root_causes),
     )?;
-    let heat = crate::heatmap::Heatmap::from_trials(
+    let heat = crate::cli::heatmap::Heatmap::from_trials(
         stream,
         records
             .iter()

@@ -15,7 +15,15 @@ use probe_common::{
     map, prog, state, Config, SyscallKey, SyscallStats, ThreadStats, EVENT_RING_BYTES,
 };
 
-use crate::{btf_offsets::TaskOffsets, clock, features::Features, procfs};
+pub mod accounting;
+pub mod btf_offsets;
+pub mod drain;
+pub mod features;
+pub mod syscall_names;
+
+use crate::os::{clock, procfs};
+use btf_offsets::TaskOffsets;
+use features::Features;
 
 /// The compiled eBPF object, built by build.rs with the pinned nightly.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe-ebpf"));

@@ -8,7 +8,7 @@ use aya::maps::{MapData, RingBuf};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use probe_common::Event;
 
-use crate::worker::Worker;
+use crate::os::worker::Worker;
 
 /// How often the ring is drained when the kernel has not asked for it.
 pub const DRAIN_INTERVAL: Duration = Duration::from_millis(20);

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::stop_flag;
+use crate::os::stop_flag;
 
 /// Options of `stallscope inject`.
 #[derive(Debug, clap::Args)]

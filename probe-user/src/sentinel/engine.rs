@@ -22,14 +22,14 @@ use pyframe_tracer::{
 };
 
 use crate::{
-    clock::{monotonic_ns, unix_ms},
+    api::export::IterationCsv,
+    api::state::{Alert, EngineStatus, Shared},
     config::Config,
     deep_dive::capture::PythonSource,
-    export::IterationCsv,
     gpu_plane::{feed::GpuFeed, GpuEvent},
-    iterations::Assembler,
-    procfs,
-    shared::{Alert, EngineStatus, Shared},
+    os::clock::{monotonic_ns, unix_ms},
+    os::procfs,
+    sentinel::iterations::Assembler,
 };
 
 /// How long an engine without a profile anchor is watched before the anchor is chosen.
@@ -463,7 +463,7 @@ impl Engine {
                 data.len()
             );
             self.fit = Some(std::thread::spawn(move || {
-                lower_cpu_priority();
+                crate::os::sched::lower_cpu_priority();
                 let t = Instant::now();
                 Baseline::fit(&data, &params, fp).map(|b| (b, t.elapsed()))
             }));
@@ -555,30 +555,6 @@ impl Engine {
                 self.pid
             ),
         }
-    }
-}
-
-/// Nice value of the fit thread. A fit is short (0.2 s of CPU at 1,000 samples, 2 s at 20,000)
-/// and rare (every 5,000 healthy iterations), but it must finish: under SCHED_IDLE (weight 3)
-/// a host whose cores the engine keeps busy starved a 1,000-sample fit for more than 8 minutes.
-/// Nice 10 (weight 110) yields to the engine roughly 10:1 and still finishes in seconds.
-const FIT_NICE: libc::c_int = 10;
-
-/// Puts the calling thread in SCHED_BATCH (it never preempts the engine on wake-up) at
-/// [`FIT_NICE`]: the fit (and a deep dive's writer) shares the engine's cores on a small host.
-pub(crate) fn lower_cpu_priority() {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: pid 0 is the calling thread; param is valid for the call.
-    let batch = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } == 0;
-    // SAFETY: plain syscalls on the calling thread (Linux nice values are per thread).
-    let niced =
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, FIT_NICE) }
-            == 0;
-    if !(batch && niced) {
-        warn!(
-            "cannot lower the fit thread's priority: {}",
-            std::io::Error::last_os_error()
-        );
     }
 }
 

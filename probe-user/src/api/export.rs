@@ -38,7 +38,7 @@ impl IterationCsv {
         writeln!(out, "{HEADER}")?;
         Ok(Self {
             out,
-            offset_ns: crate::clock::realtime_offset_ns(),
+            offset_ns: crate::os::clock::realtime_offset_ns(),
         })
     }
 

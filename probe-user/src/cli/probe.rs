@@ -8,11 +8,11 @@ use serde::Serialize;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::{
-    accounting::{self, ThreadReport},
-    deep_dive::{Drainer, EventCounts},
-    features::{Features, KernelPaths},
+    kernel_plane::accounting::{self, ThreadReport},
+    kernel_plane::drain::{Drainer, EventCounts},
+    kernel_plane::features::{Features, KernelPaths},
     kernel_plane::{KernelPlane, ProgramStats, WARMUP},
-    procfs,
+    os::procfs,
     python_plane::{self, Capture, PythonReport, PythonRequest},
 };
 

@@ -80,6 +80,23 @@ pub fn all_pids() -> Vec<u32> {
         .collect()
 }
 
+/// The target and its descendants.
+pub fn process_tree(pid: u32) -> Vec<u32> {
+    let all: Vec<(u32, Option<u32>)> = all_pids().into_iter().map(|p| (p, parent(p))).collect();
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            all.iter()
+                .filter(|(_, pp)| *pp == Some(parent))
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    tree
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,8 +23,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::{
+    api::state::Shared,
     config::{DeepDiveConfig, MAX_WINDOW},
-    shared::Shared,
 };
 
 struct App {
@@ -114,9 +114,16 @@ async fn status(State(app): State<Arc<App>>) -> impl IntoResponse {
         .cloned()
         .collect();
     let attach_errors = app.shared.attach_errors.lock().expect("lock").clone();
-    let capture = app.shared.capture.lock().expect("capture lock").clone();
+    let capture = app
+        .shared
+        .deep_dive
+        .capture
+        .lock()
+        .expect("capture lock")
+        .clone();
     let references: serde_json::Map<String, serde_json::Value> = app
         .shared
+        .deep_dive
         .references
         .lock()
         .expect("references lock")
@@ -140,7 +147,8 @@ async fn alerts(State(app): State<Arc<App>>) -> impl IntoResponse {
 async fn deep_dives(State(app): State<Arc<App>>) -> impl IntoResponse {
     Json(
         app.shared
-            .deep_dives
+            .deep_dive
+            .registry
             .lock()
             .expect("registry lock")
             .records(),
@@ -148,7 +156,14 @@ async fn deep_dives(State(app): State<Arc<App>>) -> impl IntoResponse {
 }
 
 async fn deep_dive_record(State(app): State<Arc<App>>, Path(id): Path<u64>) -> Response {
-    match app.shared.deep_dives.lock().expect("registry lock").get(id) {
+    match app
+        .shared
+        .deep_dive
+        .registry
+        .lock()
+        .expect("registry lock")
+        .get(id)
+    {
         Some(r) => Json(r).into_response(),
         None => refuse(StatusCode::NOT_FOUND, format!("no deep dive {id}")),
     }
@@ -244,14 +259,20 @@ async fn start_deep_dive(State(app): State<Arc<App>>, headers: HeaderMap, body: 
             )
         }
     };
-    let admitted = app.shared.deep_dives.lock().expect("registry lock").admit(
-        pid,
-        "api".into(),
-        duration,
-        baseline,
-        app.deep_dive.max_per_hour,
-        true,
-    );
+    let admitted = app
+        .shared
+        .deep_dive
+        .registry
+        .lock()
+        .expect("registry lock")
+        .admit(
+            pid,
+            "api".into(),
+            duration,
+            baseline,
+            app.deep_dive.max_per_hour,
+            true,
+        );
     match admitted {
         Ok(id) => (
             StatusCode::ACCEPTED,

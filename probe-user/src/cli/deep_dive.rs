@@ -6,14 +6,14 @@ use std::{io::BufWriter, path::PathBuf, time::Duration};
 use anyhow::{bail, Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
 
-use super::{
-    capture::{self, Collected, PythonSource, Running},
-    output::{self, Baseline},
-};
 use crate::{
-    features::{Features, KernelPaths},
+    deep_dive::{
+        capture::{self, Collected, PythonSource, Running},
+        output::{self, Baseline},
+    },
+    kernel_plane::features::{Features, KernelPaths},
     kernel_plane::KernelPlane,
-    procfs,
+    os::procfs,
     python_plane::PythonRequest,
 };
 
@@ -145,7 +145,7 @@ async fn hold(running: &mut Running, args: &DeepDiveArgs) -> (Vec<String>, u64, 
             eprintln!(
                 "deep-dive: {what} window open (pid {}, t={} ns)",
                 args.pid,
-                crate::clock::monotonic_ns()
+                crate::os::clock::monotonic_ns()
             )
         })
     };
@@ -161,7 +161,7 @@ async fn hold(running: &mut Running, args: &DeepDiveArgs) -> (Vec<String>, u64, 
             break;
         }
         if elapsed >= baseline && split.is_none() {
-            split = Some(crate::clock::monotonic_ns());
+            split = Some(crate::os::clock::monotonic_ns());
             say("deep-dive");
         }
         bar.set_position(elapsed.as_millis() as u64);
@@ -187,6 +187,6 @@ async fn hold(running: &mut Running, args: &DeepDiveArgs) -> (Vec<String>, u64, 
         running.poll();
     }
     bar.finish_and_clear();
-    let split = split.unwrap_or_else(crate::clock::monotonic_ns);
+    let split = split.unwrap_or_else(crate::os::clock::monotonic_ns);
     (notes, split, interrupted)
 }

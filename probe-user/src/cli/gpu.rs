@@ -8,8 +8,8 @@ use anyhow::{Context, Result};
 use perfetto_writer::{ClockReadings, TraceWriter};
 use serde_json::json;
 
-use super::{agent_library, summary, GpuPlane};
-use crate::{clock::monotonic_ns, procfs, stop_flag};
+use crate::gpu_plane::{agent_library, summary, GpuPlane};
+use crate::{os::clock::monotonic_ns, os::procfs, os::stop_flag};
 
 /// Options of `stallscope gpu`.
 #[derive(Debug, clap::Args)]
@@ -77,7 +77,12 @@ pub fn run(args: &GpuArgs) -> Result<()> {
                 Ok(t)
             }
         };
-        trace_slices = Some(super::trace::write(&mut w, process, &mut thread, &events)?);
+        trace_slices = Some(crate::gpu_plane::trace::write(
+            &mut w,
+            process,
+            &mut thread,
+            &events,
+        )?);
         w.finish()?;
     }
     let report = json!({

@@ -17,21 +17,21 @@ use anyhow::{bail, Result};
 use log::{info, warn};
 
 use crate::{
-    accounting,
+    api::export::IterationCsv,
+    api::http,
+    api::metrics::THREAD_STATES,
+    api::state::Shared,
     config::Config,
     deep_dive::{
         job::{Job, Purpose},
         registry::Request,
     },
-    engine::Engine,
-    export::IterationCsv,
-    features::{Features, KernelPaths},
-    http,
+    kernel_plane::accounting,
+    kernel_plane::features::{Features, KernelPaths},
     kernel_plane::{KernelPlane, Snapshot},
-    loop_watchdog::{self, Marker, Phase},
-    metrics::THREAD_STATES,
-    procfs,
-    shared::Shared,
+    os::procfs,
+    sentinel::engine::Engine,
+    sentinel::loop_watchdog::{self, Marker, Phase},
 };
 
 /// Wait before retrying an engine that could not be attached.
@@ -269,14 +269,20 @@ impl Daemon<'_> {
             // A capture still stopping holds the kernel's event ring: the deep dive waits in
             // the queue for it.
             let queue = self.job.is_some();
-            let admitted = self.shared.deep_dives.lock().expect("registry").admit(
-                pid,
-                format!("alert {alert}"),
-                dd.duration,
-                Duration::ZERO,
-                dd.max_per_hour,
-                queue,
-            );
+            let admitted = self
+                .shared
+                .deep_dive
+                .registry
+                .lock()
+                .expect("registry")
+                .admit(
+                    pid,
+                    format!("alert {alert}"),
+                    dd.duration,
+                    Duration::ZERO,
+                    dd.max_per_hour,
+                    queue,
+                );
             match admitted {
                 Ok(id) if queue => {
                     self.alert_dive_at = Some(Instant::now());
@@ -298,7 +304,8 @@ impl Daemon<'_> {
         if self.job.is_none() {
             let next = self
                 .shared
-                .deep_dives
+                .deep_dive
+                .registry
                 .lock()
                 .expect("registry")
                 .next_request();
@@ -334,7 +341,8 @@ impl Daemon<'_> {
             if let Some(id) = id {
                 let why = format!("engine {pid} is no longer attached");
                 self.shared
-                    .deep_dives
+                    .deep_dive
+                    .registry
                     .lock()
                     .expect("registry")
                     .fail(id, why);
@@ -350,7 +358,7 @@ impl Daemon<'_> {
                     None => format!("normal reference of engine {pid}"),
                 };
                 info!("started the capture: {what}");
-                *self.shared.capture.lock().expect("capture lock") = Some(what);
+                *self.shared.deep_dive.capture.lock().expect("capture lock") = Some(what);
                 self.job = Some(job);
             }
             Err(e) => {
@@ -358,7 +366,8 @@ impl Daemon<'_> {
                 self.stop_tap(pid);
                 if let Some(id) = id {
                     self.shared
-                        .deep_dives
+                        .deep_dive
+                        .registry
                         .lock()
                         .expect("registry")
                         .fail(id, format!("{e:#}"));
@@ -374,7 +383,7 @@ impl Daemon<'_> {
         self.writers.retain(|w| !w.is_finished());
         if let Some(w) = job.finish(
             plane,
-            self.shared.clone(),
+            self.shared.deep_dive.clone(),
             dd.dir(&self.cfg.state),
             dd.max_bytes,
         ) {
@@ -401,7 +410,7 @@ impl Daemon<'_> {
     /// abandoned: the watchdog's phase, the status, the engine's tap.
     fn end_capture(&mut self, pid: u32) {
         self.mark.enter(Phase::CaptureFinish);
-        *self.shared.capture.lock().expect("capture lock") = None;
+        *self.shared.deep_dive.capture.lock().expect("capture lock") = None;
         self.stop_tap(pid);
     }
 

@@ -1,0 +1,8 @@
+//! What the daemon needs of the operating system, below every plane: clocks, `/proc`, the
+//! scheduling of its own threads, and stoppable worker threads.
+
+pub mod clock;
+pub mod procfs;
+pub mod sched;
+pub mod stop_flag;
+pub mod worker;
