@@ -410,7 +410,7 @@ fn the_lease_outlives_a_slow_reader_and_runs_out_without_one() {
     );
     let mut records = Vec::new();
     session.drain(&mut records);
-    let now = pyframe_tracer::clock::monotonic_ns();
+    let now = sys_util::clock::monotonic_ns();
     assert!(
         records.iter().any(|r| r.exit_ns > now - 500_000_000),
         "no record in the last 0.5 s of {}",

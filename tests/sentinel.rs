@@ -16,11 +16,12 @@ use serde_json::Value;
 
 mod common;
 use common::{
-    expect_failure, expect_success, free_port, http_get, http_request, monotonic_ns, python,
-    python_check, require_root, stallscope, start_engine, start_hog, start_timed_engine, tmpdir,
-    toy_slowdown, toy_steps_between, Proc, TOY_HOG_SPIN,
+    expect_failure, expect_success, free_port, http_get, http_request, python, python_check,
+    require_root, stallscope, start_engine, start_hog, start_timed_engine, tmpdir, toy_slowdown,
+    toy_steps_between, Proc, TOY_HOG_SPIN,
 };
 use perfetto_writer::read;
+use sys_util::clock::monotonic_ns;
 
 /// The daemon, configured for a generic engine, with its log in `dir/daemon.log`.
 struct Daemon {

@@ -23,13 +23,7 @@ pub const DEFAULT_FUNCTION: &str = "vllm.v1.core.sched.scheduler:Scheduler.sched
 /// `t` on CLOCK_MONOTONIC, in seconds: the clock of Python's `time.monotonic()` on Linux, so
 /// that the code injected ends at the injector's own deadline however long the injection took.
 fn monotonic_s(t: Instant) -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    let now = ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
+    let now = sys_util::clock::monotonic_ns() as f64 * 1e-9;
     now + t.saturating_duration_since(Instant::now()).as_secs_f64()
 }
 

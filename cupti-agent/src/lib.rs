@@ -28,6 +28,7 @@ use cupti_sys::{
     subscription::{self, Subscription},
     FLUSH_FORCED,
 };
+use sys_util::clock::monotonic_ns;
 
 /// Activity kinds enabled; the first is required, the rest are best effort.
 const KINDS: [u32; 7] = [
@@ -110,10 +111,6 @@ fn agent() {
         }
     });
     ACTIVE.store(false, Ordering::Release);
-}
-
-fn monotonic_ns() -> u64 {
-    cupti_sys::clock_ns(libc::CLOCK_MONOTONIC)
 }
 
 unsafe extern "C" fn ignore_callback(_: *mut libc::c_void, _: u32, _: u32, _: *const libc::c_void) {

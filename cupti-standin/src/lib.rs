@@ -160,7 +160,7 @@ fn state() -> MutexGuard<'static, State> {
 }
 
 fn realtime_ns() -> u64 {
-    cupti_sys::clock_ns(libc::CLOCK_REALTIME)
+    sys_util::clock::clock_ns(libc::CLOCK_REALTIME)
 }
 
 /// Full buffers to hand back, collected under the lock and delivered after it.

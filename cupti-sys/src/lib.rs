@@ -37,18 +37,6 @@ pub mod kind {
     pub const EXTERNAL_CORRELATION: u32 = 39;
 }
 
-/// `clock_gettime(clock)` in ns (CLOCK_MONOTONIC for the channel's heartbeat and clock
-/// samples; CLOCK_REALTIME is CUPTI's default clock on Linux x86-64).
-pub fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// `cuptiActivityFlushAll` flag that also flushes records of activities still in flight.
 pub const FLUSH_FORCED: u32 = 1;
 

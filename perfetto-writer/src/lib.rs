@@ -49,15 +49,7 @@ pub struct ClockReadings {
 impl ClockReadings {
     /// Reads the three clocks now (monotonic before and after, to centre it).
     pub fn now() -> ClockReadings {
-        let read = |id| {
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            // SAFETY: `ts` is valid and writable; the ids are Linux clock ids.
-            unsafe { libc::clock_gettime(id, &mut ts) };
-            ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-        };
+        let read = sys_util::clock::clock_ns;
         let m0 = read(libc::CLOCK_MONOTONIC);
         let boottime_ns = read(libc::CLOCK_BOOTTIME);
         let realtime_ns = read(libc::CLOCK_REALTIME);

@@ -78,10 +78,10 @@ enum Command {
     /// engine for a bounded time; it always undoes itself (deadline, SIGINT/SIGTERM, parent
     /// death). `--list` names the scenarios.
     Inject(cli::inject::InjectArgs),
-    /// Score detection on the real vLLM engine: bring it up, drive load, fit the baseline,
-    /// inject each scenario N times at seeded random times and severities, and write
-    /// precision, recall, F1, FPR and lag per strategy (trials.csv, scores.json, table.md,
-    /// heatmap.png).
+    /// Score detection on a running vLLM engine (`--vllm JSON`, or `--pid` with `--url`):
+    /// drive load on its OpenAI endpoint, fit the baseline, inject each scenario N times at
+    /// seeded random times and severities, and write precision, recall, F1, FPR and lag per
+    /// strategy (trials.csv, scores.json, table.md, heatmap.png).
     Evaluate(cli::evaluate::EvaluateArgs),
     /// Trace what a live Python process runs on its GPU for a window (CUPTI, through an agent
     /// library loaded at a Python safe point and unloaded after): kernels, copies, API calls,

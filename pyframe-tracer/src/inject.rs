@@ -242,7 +242,7 @@ if _PAGE:
 /// never propagates into the target.
 pub fn run_source(pid: i32, source: &str, timeout: Duration) -> Result<()> {
     let rt = crate::python::find(pid)?;
-    let stamp = crate::clock::monotonic_ns();
+    let stamp = sys_util::clock::monotonic_ns();
     let mark = format!("/tmp/stallscope-run-{pid}-{stamp}.done");
     let host_mark = std::path::PathBuf::from(format!("/proc/{pid}/root{mark}"));
     let script = format!("/tmp/stallscope-run-{pid}-{stamp}.py");

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::clock::monotonic_ns;
 use crate::ring::Ring;
+use sys_util::clock::monotonic_ns;
 
 /// Renews the lease of one ring until dropped; the drop returns once the thread has written
 /// its last heartbeat.

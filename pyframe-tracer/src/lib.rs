@@ -9,7 +9,6 @@
 //! - [`session`]: one attachment, end to end.
 //! - [`sampling`]: py-spy stack samples (non-blocking) for deep dives and hang dumps.
 
-pub mod clock;
 pub mod error;
 pub mod inject;
 pub mod lease;

@@ -126,7 +126,7 @@ impl Ring {
             lanes,
             capacity,
         };
-        ring.heartbeat(crate::clock::monotonic_ns());
+        ring.heartbeat(sys_util::clock::monotonic_ns());
         Ok(ring)
     }
 

@@ -403,7 +403,7 @@ fn role_name(role: Role) -> &'static str {
 /// Where the ring file goes: the target's /dev/shm (else /tmp), through /proc/PID/root so it works across mount
 /// namespaces. Returns (path for us, path for the target).
 fn ring_location(pid: i32) -> Result<(PathBuf, String)> {
-    let nonce = crate::clock::monotonic_ns() ^ (std::process::id() as u64) << 32;
+    let nonce = sys_util::clock::monotonic_ns() ^ (std::process::id() as u64) << 32;
     let root = format!("/proc/{pid}/root");
     for dir in ["/dev/shm", "/tmp"] {
         if std::path::Path::new(&format!("{root}{dir}")).is_dir() {

@@ -3,8 +3,8 @@
 #![allow(dead_code)]
 
 use std::{
-    io::{Read, Write},
-    net::{TcpListener, TcpStream},
+    io::Read,
+    net::TcpListener,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::Duration,
@@ -93,24 +93,9 @@ pub fn http_request(
     headers: &str,
     body: &str,
 ) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n{headers}Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp)
+    let r = sys_util::http::request(port, method, path, headers, body, Duration::from_secs(60))
         .unwrap_or_else(|e| panic!("{method} {path}: no answer within 60 s: {e}"));
-    let (head, body) = resp.split_once("\r\n\r\n").expect("an HTTP response");
-    let code = head
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("bad status line: {head}"));
-    (code, body.to_string())
+    (r.status, r.body)
 }
 
 /// One HTTP GET on loopback; returns the body (panics on a non-200).
@@ -221,17 +206,6 @@ fn start_toy(times: Option<&Path>) -> Proc {
     p.0.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
     assert_eq!(&first, b"ready ");
     p
-}
-
-/// CLOCK_MONOTONIC now, in ns: the clock of the probes' and the toy engine's stamps.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The steps the toy engine timed into `times` that ended in `from_ns..to_ns`

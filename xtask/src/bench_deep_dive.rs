@@ -3,7 +3,6 @@
 //! dive captured. Needs `cargo xtask vllm up` first.
 
 use std::{
-    io::{Read, Write},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -19,18 +18,11 @@ const WINDOW_S: f64 = 10.0;
 const PORT: u16 = 9478;
 
 fn http(method: &str, path: &str, body: &str) -> Result<(u16, Value)> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", PORT))?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.0\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut r = String::new();
-    s.read_to_string(&mut r)?;
-    let (head, body) = r.split_once("\r\n\r\n").context("bad HTTP answer")?;
-    let code = head.split(' ').nth(1).unwrap_or("0").parse()?;
-    Ok((code, serde_json::from_str(body).unwrap_or(Value::Null)))
+    let r = sys_util::http::request(PORT, method, path, "", body, Duration::from_secs(60))?;
+    Ok((
+        r.status,
+        serde_json::from_str(&r.body).unwrap_or(Value::Null),
+    ))
 }
 
 /// A load window of WINDOW_S seconds; output tokens per second.

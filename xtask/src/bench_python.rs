@@ -38,7 +38,7 @@ impl Target {
     /// (watched ns/call, unwatched ns/call) of the first round that started after now (older lines are
     /// still in the pipe and are skipped).
     fn round(&mut self) -> Result<(f64, f64)> {
-        let now = pyframe_tracer::clock::monotonic_ns() as f64;
+        let now = sys_util::clock::monotonic_ns() as f64;
         loop {
             let line = self.lines.next().context("target ended")??;
             let v: Vec<f64> = line

@@ -16,6 +16,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
+use sys_util::clock::monotonic_ns;
 
 use crate::{root, stallscope_bin};
 
@@ -25,16 +26,6 @@ const WINDOW: Duration = Duration::from_secs(6);
 const ROUNDS: usize = 3;
 /// Attached time left out at each end of a B window (attach and detach themselves).
 const EDGE_NS: u64 = 1_500_000_000;
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 #[derive(Default)]
 struct Seen {

@@ -11,8 +11,6 @@
 
 use std::{
     fs,
-    io::{Read, Write},
-    net::{Ipv4Addr, SocketAddr, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread,
@@ -413,18 +411,9 @@ fn descends_from(all: &[Proc], p: &Proc, ancestor: i32) -> bool {
 
 /// The HTTP status of `GET path` on the loopback port, or None if nothing answers.
 fn http_status(port: u16, path: &str) -> Option<u16> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut head = [0u8; 64];
-    let n = s.read(&mut head).ok()?;
-    // "HTTP/1.1 200 OK"
-    String::from_utf8_lossy(&head[..n])
-        .split_whitespace()
-        .nth(1)?
-        .parse()
+    sys_util::http::get(port, path, Duration::from_secs(5))
         .ok()
+        .map(|r| r.status)
 }
 
 fn healthy(port: u16) -> bool {

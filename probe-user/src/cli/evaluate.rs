@@ -1,13 +1,12 @@
-//! `stallscope evaluate`: detection scoring on the real vLLM engine. Brings the server up
-//! (`cargo xtask vllm up`) unless given one, drives load, runs the daemon until its baseline
-//! is fitted, then runs each scenario N times with a seeded random start, span and severity,
-//! and scores every modelled iteration against the injection intervals for the strategies
-//! of LatencyPrism's Table 5. Writes trials.csv, scores.json, table.md and heatmap.png.
+//! `stallscope evaluate`: detection scoring on a running engine (vLLM). Drives load on its
+//! OpenAI-compatible endpoint, runs the daemon until its baseline is fitted, then runs each
+//! scenario N times with a seeded random start, span and severity, and scores every modelled
+//! iteration against the injection intervals for the strategies of LatencyPrism's Table 5.
+//! Writes trials.csv, scores.json, table.md and heatmap.png.
 
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
-    io::Write as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -20,6 +19,9 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use sys_util::{http, process::Group};
+
+use super::load::Load;
 use crate::config::DEFAULT_CONFIG;
 
 /// Scenarios run by default: the CPU-side ones that need nothing the host may lack.
@@ -49,13 +51,16 @@ pub struct EvaluateArgs {
     /// Output directory (trials.csv, scores.json, table.md, heatmap.png, state/).
     #[arg(long, default_value = "evaluation")]
     pub out: PathBuf,
-    /// A running server, as `cargo xtask vllm up` prints it ({"engine_pid", "port", ...});
-    /// without it the server is brought up (and down at the end) with `cargo xtask vllm`.
-    #[arg(long)]
+    /// The engine, as `cargo xtask vllm up` prints it: {"engine_pid", "port", ...}.
+    #[arg(long, conflicts_with_all = ["pid", "url"])]
     pub vllm: Option<String>,
-    /// The stallscope checkout whose `cargo xtask` serves vLLM and its load.
-    #[arg(long, default_value = ".")]
-    pub repo: PathBuf,
+    /// The engine's process (vLLM's `VLLM::EngineCore`); with --url.
+    #[arg(long, requires = "url")]
+    pub pid: Option<u32>,
+    /// The engine's OpenAI-compatible endpoint on this host, `http://127.0.0.1:PORT`; with
+    /// --pid.
+    #[arg(long, requires = "pid")]
+    pub url: Option<String>,
     /// Also take a deep dive during each injection and score the root cause's top-1.
     #[arg(long)]
     pub deep_dives: bool,
@@ -78,66 +83,17 @@ struct TrialRecord {
     root_cause: Option<String>,
 }
 
-/// A child killed with its process group when dropped.
-struct Group(Child);
-
-impl Group {
-    fn spawn(cmd: &mut Command) -> Result<Group> {
-        use std::os::unix::process::CommandExt;
-        Ok(Group(
-            cmd.process_group(0)
-                .spawn()
-                .with_context(|| format!("cannot start {cmd:?}"))?,
-        ))
-    }
-
-    /// SIGTERM, a grace period, then SIGKILL of the group.
-    fn stop(mut self, grace: Duration) -> Option<std::process::ExitStatus> {
-        let pid = self.0.id() as i32;
-        // SAFETY: kill(2) on the group our child leads.
-        unsafe { libc::kill(-pid, libc::SIGTERM) };
-        let t = Instant::now();
-        while t.elapsed() < grace {
-            if let Ok(Some(s)) = self.0.try_wait() {
-                return Some(s);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        None
-    }
-}
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on the group our child leads.
-        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
-        let _ = self.0.wait();
-    }
-}
-
-/// Minimal HTTP/1.0 client for the daemon's loopback API.
-fn http(port: u16, method: &str, path: &str, body: &str) -> Result<(u16, Value)> {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(60)))?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp)?;
-    let (head, body) = resp.split_once("\r\n\r\n").context("a bad HTTP answer")?;
-    let code = head
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("a bad HTTP status line")?;
-    Ok((code, serde_json::from_str(body).unwrap_or(Value::Null)))
+/// GET or POST on the daemon's loopback API: the status and the JSON body (null if none).
+fn api(port: u16, method: &str, path: &str, body: &str) -> Result<(u16, Value)> {
+    let r = http::request(port, method, path, "", body, Duration::from_secs(60))?;
+    Ok((
+        r.status,
+        serde_json::from_str(&r.body).unwrap_or(Value::Null),
+    ))
 }
 
 fn engine_status(port: u16, pid: u64) -> Option<Value> {
-    let (_, s) = http(port, "GET", "/api/v1/status", "").ok()?;
+    let (_, s) = api(port, "GET", "/api/v1/status", "").ok()?;
     s["engines"]
         .as_array()?
         .iter()
@@ -147,7 +103,7 @@ fn engine_status(port: u16, pid: u64) -> Option<Value> {
 
 /// Whether the daemon holds a normal reference of engine `pid` (its status lists it).
 fn has_reference(port: u16, pid: u64) -> bool {
-    http(port, "GET", "/api/v1/status", "")
+    api(port, "GET", "/api/v1/status", "")
         .ok()
         .is_some_and(|(_, s)| !s["normal_references"][pid.to_string()].is_null())
 }
@@ -175,65 +131,48 @@ pub fn run(args: &EvaluateArgs) -> Result<()> {
     let state = args.out.join("state");
     std::fs::create_dir_all(&state)
         .with_context(|| format!("cannot create {}", state.display()))?;
-    let repo = args
-        .repo
-        .canonicalize()
-        .with_context(|| format!("--repo {}", args.repo.display()))?;
-    let cargo = |a: &[&str]| {
-        let mut c = Command::new("cargo");
-        c.arg("xtask").args(a).current_dir(&repo);
-        c
-    };
-    let brought_up = args.vllm.is_none();
-    let server: Value = match &args.vllm {
-        Some(s) => serde_json::from_str(s)
-            .context("--vllm must be the JSON `cargo xtask vllm up` prints")?,
-        None => {
-            info!("bringing vLLM up (cargo xtask vllm up)");
-            let out = cargo(&["vllm", "up"])
-                .stderr(Stdio::inherit())
-                .output()
-                .context("cannot run cargo xtask vllm up (give --repo, or --vllm)")?;
-            if !out.status.success() {
-                bail!("cargo xtask vllm up failed");
-            }
-            let text = String::from_utf8_lossy(&out.stdout);
-            serde_json::from_str(text.lines().last().unwrap_or_default())
-                .context("cargo xtask vllm up printed no server JSON")?
-        }
-    };
-    let result = evaluate(args, &scenarios, &server, &state, &cargo);
-    if brought_up {
-        let _ = cargo(&["vllm", "down"]).status();
+    let (engine_pid, api_port) = engine(args)?;
+    evaluate(args, &scenarios, engine_pid, api_port, &state)
+}
+
+/// The engine's pid and the loopback port of its OpenAI-compatible endpoint.
+fn engine(args: &EvaluateArgs) -> Result<(u64, u16)> {
+    if let Some(s) = &args.vllm {
+        let v: Value = serde_json::from_str(s)
+            .context("--vllm must be the JSON `cargo xtask vllm up` prints")?;
+        let pid = v["engine_pid"]
+            .as_u64()
+            .context("the --vllm JSON has no engine_pid")?;
+        let port = v["port"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .context("the --vllm JSON has no port")?;
+        return Ok((pid, port));
     }
-    result
+    let (Some(pid), Some(url)) = (args.pid, &args.url) else {
+        bail!("give the engine: --vllm JSON, or --pid PID with --url http://127.0.0.1:PORT");
+    };
+    let port = ["http://127.0.0.1:", "http://localhost:"]
+        .iter()
+        .find_map(|p| url.strip_prefix(p))
+        .and_then(|rest| rest.trim_end_matches('/').parse::<u16>().ok())
+        .with_context(|| {
+            format!("--url {url}: give the engine's endpoint on this host as http://127.0.0.1:PORT (evaluate runs next to the engine)")
+        })?;
+    Ok((u64::from(pid), port))
 }
 
 fn evaluate(
     args: &EvaluateArgs,
     scenarios: &[&anomaly_suite::Scenario],
-    server: &Value,
+    engine_pid: u64,
+    api_port: u16,
     state: &Path,
-    cargo: &dyn Fn(&[&str]) -> Command,
 ) -> Result<()> {
-    let engine_pid = server["engine_pid"]
-        .as_u64()
-        .context("the server JSON has no engine_pid")?;
-    let api_port = server["port"].as_u64().unwrap_or(8000) as u16;
-    let load = Group::spawn(
-        cargo(&[
-            "vllm",
-            "load",
-            "--duration",
-            "86400",
-            "--concurrency",
-            "8",
-            "--port",
-            &api_port.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null()),
-    )?;
+    if !Path::new(&format!("/proc/{engine_pid}")).exists() {
+        bail!("no process with pid {engine_pid}: give the engine's pid (vLLM's VLLM::EngineCore)");
+    }
+    let load = Load::start(api_port, 8, args.seed)?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -246,7 +185,8 @@ fn evaluate(
             .args(["run", "--config"])
             .arg(&config_path)
             .stderr(std::fs::File::create(state.join("daemon.log"))?),
-    )?;
+    )
+    .with_context(|| format!("cannot start {}", exe.display()))?;
     let t = Instant::now();
     let fitted = loop {
         if let Some(e) = engine_status(port, engine_pid).filter(|e| e["model_state"] == "fitted") {
@@ -351,6 +291,12 @@ fn evaluate(
         }
     }
     let _ = daemon.stop(Duration::from_secs(30));
+    if load.failed() > 0 {
+        warn!(
+            "{} load requests failed during the evaluation",
+            load.failed()
+        );
+    }
     drop(load);
     let stream = read_iterations(&state.join("iterations.csv"))?;
     write_outputs(&args.out, scenarios, &records, &stream, ucl, args)
@@ -418,7 +364,7 @@ fn request_deep_dive(port: u16, pid: u64) -> Option<u64> {
     // The injector needs a moment to start its stress.
     std::thread::sleep(Duration::from_millis(300));
     let body = json!({ "pid": pid, "duration_s": DEEP_DIVE_WINDOW }).to_string();
-    match http(port, "POST", "/api/v1/deep-dive", &body) {
+    match api(port, "POST", "/api/v1/deep-dive", &body) {
         Ok((202, v)) => v["id"].as_u64(),
         Ok((code, v)) => {
             warn!("deep dive refused ({code}): {v}");
@@ -436,7 +382,7 @@ fn request_deep_dive(port: u16, pid: u64) -> Option<u64> {
 fn deep_dive_category(port: u16, id: u64) -> Option<String> {
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(120) {
-        if let Ok((200, r)) = http(port, "GET", &format!("/api/v1/deep-dives/{id}"), "") {
+        if let Ok((200, r)) = api(port, "GET", &format!("/api/v1/deep-dives/{id}"), "") {
             match r["state"].as_str() {
                 Some("done") => return Some(r["category"].as_str().unwrap_or("none").to_string()),
                 Some("failed") => return None,

@@ -6,5 +6,6 @@ pub mod evaluate;
 pub mod gpu;
 mod heatmap;
 pub mod inject;
+mod load;
 pub mod model;
 pub mod probe;

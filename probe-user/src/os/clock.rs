@@ -1,7 +1,7 @@
 //! The one clock every plane shares: CLOCK_MONOTONIC in nanoseconds (what
 //! `bpf_ktime_get_ns` returns and what the Python probe stamps with).
 
-pub use pyframe_tracer::clock::monotonic_ns;
+pub use sys_util::clock::monotonic_ns;
 
 /// CLOCK_REALTIME minus CLOCK_MONOTONIC, ns: add it to a monotonic stamp for wall-clock time.
 pub fn realtime_offset_ns() -> i128 {
