@@ -432,8 +432,8 @@ fn sentinel_on_real_vllm() {
         .iter()
         .filter(|r| r.decode)
         .count() as f64;
-    // No row since the fit means the daemon stopped following the engine (CI saw this once):
-    // say what the daemon and the engine were doing.
+    // No row since the fit means the daemon stopped following the engine: say what the
+    // daemon and the engine were doing.
     assert!(
         decode_in_window > 0.0,
         "no decode iteration exported in the {:?} after the fit ({} engine log lines meanwhile)\nstatus: {}\nvLLM steps per second, last 30 s: {:?}\ndaemon log:\n{}",
