@@ -4,8 +4,6 @@
 pub mod deep_dive;
 pub mod evaluate;
 pub mod gpu;
-mod heatmap;
 pub mod inject;
-mod load;
 pub mod model;
 pub mod probe;

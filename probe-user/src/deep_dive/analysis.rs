@@ -1,44 +1,19 @@
-//! From raw capture to spans (thread states, syscalls, Python calls), iteration cycles, and
-//! the root-cause ranking of the deep-dive window against the normal reference window.
+//! From a capture's spans (see [`super::timeline`]) to iteration cycles, and the root-cause
+//! ranking of the deep-dive window against the normal reference window.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use model::root_cause::{self, Cycle, EventKey, EventKind, SeriesShift, Suspect};
-use probe_common::event;
 use pyframe_tracer::session::Call;
 use serde::Serialize;
 
-use super::capture::Collected;
+use super::{
+    capture::Collected,
+    cycles::{anchor, anomalous_cycles, cycles, mean_ms, CycleSpan},
+    resources::{resources, WAIT_SYSCALLS},
+    timeline::{Span, State, Timeline},
+};
 use crate::kernel_plane::syscall_names;
-
-/// Scheduler state of a thread over a span.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum State {
-    /// On a CPU.
-    Running,
-    /// Ready, waiting for a CPU (woken or preempted).
-    Runnable,
-    /// Ready, waiting for a CPU it gave away itself (`sched_yield`): a spin-wait for another
-    /// thread, not contention.
-    Yielded,
-    /// Interruptible sleep (waiting for an event).
-    Sleeping,
-    /// Uninterruptible sleep (disk I/O, page faults, reclaim).
-    Blocked,
-}
-
-impl State {
-    /// Name used in traces and reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            State::Running => "running",
-            State::Runnable => "runnable",
-            State::Yielded => "yielded",
-            State::Sleeping => "sleeping",
-            State::Blocked => "blocked (D)",
-        }
-    }
-}
 
 /// Every state, for parsing event names back.
 const STATES: [State; 5] = [
@@ -70,148 +45,6 @@ fn thread_state(k: &EventKey) -> Option<(State, &str)> {
     } else {
         None
     }
-}
-
-/// A closed interval on one thread.
-#[derive(Debug, Clone)]
-pub struct Span<T> {
-    /// Start, ns.
-    pub start: u64,
-    /// End, ns.
-    pub end: u64,
-    /// What.
-    pub what: T,
-}
-
-/// Per-thread spans derived from the kernel events.
-#[derive(Debug, Default)]
-pub struct Timeline {
-    /// Thread states, per thread in time order, non-overlapping.
-    pub states: BTreeMap<u32, Vec<Span<State>>>,
-    /// Syscalls, per thread in time order, non-overlapping (syscall number).
-    pub syscalls: BTreeMap<u32, Vec<Span<u32>>>,
-}
-
-/// Closes `tid`'s current state at `ts` and starts `next` (if any).
-fn set(
-    t: &mut Timeline,
-    current: &mut HashMap<u32, (State, u64)>,
-    tid: u32,
-    ts: u64,
-    next: Option<State>,
-) {
-    if let Some((s, since)) = current.remove(&tid) {
-        if ts > since {
-            t.states.entry(tid).or_default().push(Span {
-                start: since,
-                end: ts,
-                what: s,
-            });
-        }
-    }
-    if let Some(n) = next {
-        current.insert(tid, (n, ts));
-    }
-}
-
-/// TASK_UNINTERRUPTIBLE in sched_switch's prev_state.
-const TASK_UNINTERRUPTIBLE: u64 = 0x2;
-
-impl Timeline {
-    /// Builds the spans of the captured threads. Intervals that began before the capture
-    /// start at the first event that shows them; those still open at the end close there.
-    pub fn build(c: &Collected) -> Timeline {
-        let mut events = c.kernel.clone();
-        events.sort_by_key(|e| e.ts_ns);
-        let ours = |tid: u32| c.threads.contains_key(&tid);
-        let mut t = Timeline::default();
-        let mut current: HashMap<u32, (State, u64)> = HashMap::new();
-        let mut open_sys: HashMap<u32, (u32, u64)> = HashMap::new();
-        for e in events.iter().filter(|e| e.ts_ns <= c.end_ns) {
-            let ts = e.ts_ns;
-            match u32::from(e.kind) {
-                event::SWITCH => {
-                    let next_tid = e.arg0 as u32;
-                    if ours(e.tid) {
-                        let prev_state = e.arg1 & 0xffff_ffff;
-                        let preempt = e.arg1 >> 32 != 0;
-                        // Still TASK_RUNNING: preempted (in user mode the tracepoint's
-                        // preempt flag is false too), or giving the CPU away in sched_yield.
-                        let yielding = open_sys
-                            .get(&e.tid)
-                            .is_some_and(|(nr, _)| i64::from(*nr) == libc::SYS_sched_yield);
-                        let s = if prev_state == 0 && !preempt && yielding {
-                            State::Yielded
-                        } else if preempt || prev_state == 0 {
-                            State::Runnable
-                        } else if prev_state & TASK_UNINTERRUPTIBLE != 0 {
-                            State::Blocked
-                        } else {
-                            State::Sleeping
-                        };
-                        set(&mut t, &mut current, e.tid, ts, Some(s));
-                    }
-                    if ours(next_tid) {
-                        set(&mut t, &mut current, next_tid, ts, Some(State::Running));
-                    }
-                }
-                event::WAKEUP if ours(e.tid) => {
-                    let asleep = current
-                        .get(&e.tid)
-                        .is_none_or(|(s, _)| matches!(s, State::Sleeping | State::Blocked));
-                    if asleep {
-                        set(&mut t, &mut current, e.tid, ts, Some(State::Runnable));
-                    }
-                }
-                event::EXIT if ours(e.tid) => set(&mut t, &mut current, e.tid, ts, None),
-                event::SYS_ENTER if ours(e.tid) => {
-                    open_sys.insert(e.tid, (e.arg0 as u32, ts));
-                }
-                event::SYS_EXIT if ours(e.tid) => {
-                    if let Some((nr, start)) = open_sys.remove(&e.tid) {
-                        if nr == e.arg0 as u32 {
-                            t.syscalls.entry(e.tid).or_default().push(Span {
-                                start,
-                                end: ts,
-                                what: nr,
-                            });
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        let tids: Vec<u32> = current.keys().copied().collect();
-        for tid in tids {
-            set(&mut t, &mut current, tid, c.end_ns, None);
-        }
-        for (tid, (nr, start)) in open_sys {
-            if c.end_ns > start {
-                t.syscalls.entry(tid).or_default().push(Span {
-                    start,
-                    end: c.end_ns,
-                    what: nr,
-                });
-            }
-        }
-        for v in t.syscalls.values_mut() {
-            v.sort_by_key(|s| s.start);
-        }
-        t
-    }
-}
-
-/// One iteration cycle.
-#[derive(Debug, Clone)]
-pub struct CycleSpan {
-    /// Start, ns.
-    pub start: u64,
-    /// End, ns.
-    pub end: u64,
-    /// Thread that ran it (0 for fixed time bins).
-    pub tid: u32,
-    /// Workload fields of the anchor call.
-    pub args: BTreeMap<String, i64>,
 }
 
 /// How cycles were found.
@@ -266,83 +99,6 @@ impl Reference {
             source,
         }
     }
-}
-
-/// Mean duration of `v`, ms (0 when empty).
-fn mean_ms(v: &[CycleSpan]) -> f64 {
-    if v.is_empty() {
-        0.0
-    } else {
-        v.iter().map(|c| (c.end - c.start) as f64).sum::<f64>() / v.len() as f64 / 1e6
-    }
-}
-
-/// Fixed bins used when no anchor exists (not a Python engine, or an idle one).
-const BIN_NS: u64 = 100_000_000;
-
-/// The iteration cycles of [from, to): calls of `anchor`, or fixed bins.
-pub fn cycles(calls: &[Call], anchor: Option<&str>, from: u64, to: u64) -> Vec<CycleSpan> {
-    if let Some(a) = anchor {
-        let mut v: Vec<CycleSpan> = calls
-            .iter()
-            .filter(|c| c.func == a && c.start_ns >= from && c.end_ns <= to)
-            .map(|c| CycleSpan {
-                start: c.start_ns,
-                end: c.end_ns,
-                tid: c.tid as u32,
-                args: c.args.clone(),
-            })
-            .collect();
-        v.sort_by_key(|c| c.start);
-        return v;
-    }
-    (from..to)
-        .step_by(BIN_NS as usize)
-        .map(|s| CycleSpan {
-            start: s,
-            end: (s + BIN_NS).min(to),
-            tid: 0,
-            args: BTreeMap::new(),
-        })
-        .filter(|c| c.end > c.start)
-        .collect()
-}
-
-/// The deep-dive window's cycles: its complete iterations, or, when none completed inside it
-/// (a stall longer than the window, the case a deep dive matters most), 100 ms bins, whose
-/// time shares compare with the reference's per-iteration shares; whether it was binned.
-fn anomalous_cycles(
-    calls: &[Call],
-    anchor: Option<&str>,
-    from: u64,
-    to: u64,
-) -> (Vec<CycleSpan>, bool) {
-    let v = cycles(calls, anchor, from, to);
-    if v.is_empty() && anchor.is_some() {
-        (cycles(calls, None, from, to), true)
-    } else {
-        (v, false)
-    }
-}
-
-/// The anchor of the capture: the profile's, or discovered from call statistics.
-pub fn anchor(c: &Collected) -> Option<String> {
-    let py = c.python.as_ref()?;
-    if let Some(p) = py.probes.iter().find(|p| p.role == "anchor") {
-        return Some(p.func().to_string());
-    }
-    let mut by_func: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-    for call in &py.calls {
-        by_func
-            .entry(&call.func)
-            .or_default()
-            .push(call.end_ns.saturating_sub(call.start_ns));
-    }
-    let stats: Vec<model::anchor::CallStats> = by_func
-        .iter()
-        .map(|(f, d)| model::anchor::CallStats::from_durations(f, d))
-        .collect();
-    model::anchor::discover(&stats, 20, 500_000.0).map(|i| stats[i].func.clone())
 }
 
 fn overlap(a0: u64, a1: u64, b0: u64, b1: u64) -> u64 {
@@ -426,71 +182,6 @@ pub fn features(
             }
         })
         .collect()
-}
-
-/// Syscalls in which a thread waits for another thread or process (locks, condition
-/// variables, spin-and-yield hand-offs, waits for a descriptor to become ready). Their time
-/// grows with whatever delays the other side: vLLM's engine core spends each step in futex and
-/// sched_yield waiting for its worker, and past its spin in poll on the worker's socket, so
-/// when memory pressure or a hog slows the worker they grow most and would name the symptom,
-/// not the cause (the cause shows in the other side's states). Like interruptible sleep they
-/// are left out of the ranking (the trace still shows them); reads and writes stay in.
-const WAIT_SYSCALLS: [&str; 9] = [
-    "futex",
-    "sched_yield",
-    "poll",
-    "ppoll",
-    "select",
-    "pselect6",
-    "epoll_wait",
-    "epoll_pwait",
-    "epoll_pwait2",
-];
-
-/// Syscalls that wait on storage.
-const IO_SYSCALLS: [&str; 14] = [
-    "read",
-    "write",
-    "pread64",
-    "pwrite64",
-    "readv",
-    "writev",
-    "fsync",
-    "fdatasync",
-    "sync_file_range",
-    "openat",
-    "close",
-    "io_uring_enter",
-    "io_getevents",
-    "sync",
-];
-/// Syscalls that manage memory.
-const MEMORY_SYSCALLS: [&str; 6] = ["mmap", "munmap", "brk", "madvise", "mprotect", "mremap"];
-
-/// The telemetry series an event depends on.
-pub fn resources(e: &EventKey) -> Vec<String> {
-    let v: &[&str] = match e.kind {
-        EventKind::ThreadState
-            if e.name.starts_with("running") || e.name.starts_with("runnable") =>
-        {
-            &["psi.cpu.some", "cpu.util"]
-        }
-        EventKind::ThreadState if e.name.starts_with("blocked") => &[
-            "psi.memory.some",
-            "psi.memory.full",
-            "psi.io.some",
-            "psi.io.full",
-            "vm.pgmajfault",
-        ],
-        EventKind::Syscall if IO_SYSCALLS.contains(&e.name.as_str()) => {
-            &["psi.io.some", "psi.io.full"]
-        }
-        EventKind::Syscall if MEMORY_SYSCALLS.contains(&e.name.as_str()) => {
-            &["psi.memory.some", "psi.memory.full"]
-        }
-        _ => &[],
-    };
-    v.iter().map(|s| s.to_string()).collect()
 }
 
 /// The root-cause report.
@@ -659,7 +350,8 @@ pub fn root_cause(c: &Collected, timeline: &Timeline, reference: &Reference, fro
 mod tests {
     use super::*;
     use crate::deep_dive::capture::ThreadInfo;
-    use probe_common::Event;
+    use crate::deep_dive::timeline::TASK_UNINTERRUPTIBLE;
+    use probe_common::{event, Event};
 
     /// A context switch from `prev` (leaving in `prev_state`, preempted or not) to `next`.
     fn switch(ts_ns: u64, prev: u32, next: u32, prev_state: u64, preempt: bool) -> Event {
@@ -840,41 +532,5 @@ mod tests {
             category(&suspect(EventKind::Syscall), &reclaim),
             "I/O contention"
         );
-    }
-
-    #[test]
-    fn a_window_without_a_complete_iteration_is_ranked_in_bins() {
-        let step = |start_ns, end_ns| Call {
-            func: "Engine.step".into(),
-            tid: 1,
-            start_ns,
-            end_ns,
-            args: BTreeMap::new(),
-            exception: false,
-        };
-        let ms = 1_000_000;
-        // One iteration inside [0, 300 ms): its cycle.
-        let (v, binned) =
-            anomalous_cycles(&[step(10 * ms, 50 * ms)], Some("Engine.step"), 0, 300 * ms);
-        assert_eq!((v.len(), binned), (1, false));
-        // The iteration outlasts the window: three 100 ms bins.
-        let (v, binned) =
-            anomalous_cycles(&[step(10 * ms, 900 * ms)], Some("Engine.step"), 0, 300 * ms);
-        assert_eq!((v.len(), binned), (3, true));
-        assert_eq!((v[2].start, v[2].end), (200 * ms, 300 * ms));
-        // Without an anchor, bins as before.
-        let (v, binned) = anomalous_cycles(&[], None, 0, 300 * ms);
-        assert_eq!((v.len(), binned), (3, false));
-    }
-
-    #[test]
-    fn the_wait_syscalls_left_out_are_syscalls_of_this_host() {
-        let known: Vec<String> = (0..512).map(syscall_names::name).collect();
-        for w in WAIT_SYSCALLS {
-            assert!(
-                known.iter().any(|k| k == w),
-                "{w} is not a syscall name here"
-            );
-        }
     }
 }

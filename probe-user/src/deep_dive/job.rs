@@ -16,11 +16,12 @@ use log::{info, warn};
 use pyframe_tracer::Call;
 
 use super::{
-    analysis::{Reference, Timeline},
+    analysis::Reference,
     book::{Book, KeptReference},
     capture::{Collected, Options, PythonSource, Running},
     output::{self, Baseline},
     registry::{Phase, Request, SuspectBrief},
+    timeline::Timeline,
 };
 use crate::{
     config::DeepDiveConfig, gpu_plane::GpuEvent, kernel_plane::KernelPlane, os::clock, os::procfs,

@@ -5,8 +5,11 @@
 pub mod analysis;
 pub mod book;
 pub mod capture;
+pub mod cycles;
 pub mod job;
 pub mod output;
 pub mod registry;
+pub mod resources;
 pub mod telemetry;
+pub mod timeline;
 pub mod trace;

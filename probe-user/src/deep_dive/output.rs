@@ -8,8 +8,10 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::{
-    analysis::{self, Reference, Report, Timeline},
+    analysis::{self, Reference, Report},
     capture::Collected,
+    cycles,
+    timeline::Timeline,
     trace::{self, IterationSlice, Window, WriteStats},
 };
 
@@ -82,10 +84,10 @@ pub fn write<W: Write>(
         }
     };
     let report_doc = analysis::root_cause(c, &timeline, reference, split);
-    let anchor = analysis::anchor(c);
+    let anchor = cycles::anchor(c);
     let calls = c.python.as_ref().map_or(&[][..], |p| &p.calls);
     let iterations: Vec<IterationSlice> =
-        analysis::cycles(calls, anchor.as_deref(), c.start_ns, c.end_ns)
+        cycles::cycles(calls, anchor.as_deref(), c.start_ns, c.end_ns)
             .into_iter()
             .filter(|c| c.tid != 0)
             .map(|cycle| IterationSlice {

@@ -14,10 +14,7 @@ use anyhow::Result;
 use perfetto_writer::{Arg, ClockReadings, Extra, TraceWriter, Track, Unit, Value};
 use serde::Serialize;
 
-use super::{
-    analysis::{CycleSpan, Timeline},
-    capture::Collected,
-};
+use super::{capture::Collected, cycles::CycleSpan, timeline::Timeline};
 use crate::kernel_plane::syscall_names;
 
 /// A named time range of the capture (e.g. the normal reference and the deep dive).

@@ -22,14 +22,11 @@ use crate::{
     api::metrics::THREAD_STATES,
     api::state::Shared,
     config::Config,
-    deep_dive::{
-        job::{Job, Purpose},
-        registry::Request,
-    },
     kernel_plane::accounting,
     kernel_plane::features::{Features, KernelPaths},
     kernel_plane::{KernelPlane, Snapshot},
     os::procfs,
+    sentinel::dives::Dives,
     sentinel::engine::Engine,
     sentinel::loop_watchdog::{self, Marker, Phase},
 };
@@ -60,18 +57,19 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         kernel_only: BTreeSet::new(),
         watched: BTreeSet::new(),
         threads: BTreeMap::new(),
-        job: None,
-        writers: Vec::new(),
-        reference_at: BTreeMap::new(),
-        alert_dive_at: None,
     };
+    let mut dives = Dives::new(
+        &cfg.deep_dive,
+        cfg.deep_dive.dir(&cfg.state),
+        shared.deep_dive.clone(),
+    );
     // Engines named with --pid must attach now: a wrong pid is an error, not a retry. A pid
     // that is not a Python process gets the kernel plane only.
     for &pid in &cfg.watch.pids {
         if !procfs::process_exists(pid) {
             bail!("no process with pid {pid}: check the engine's pid (pgrep -f EngineCore)");
         }
-        match Engine::attach(pid, cfg) {
+        match Engine::attach(pid, &cfg.sentinel, &cfg.state.dir) {
             Ok(e) => {
                 daemon.engines.insert(pid, e);
             }
@@ -117,7 +115,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         }
         daemon.reattach_expired();
         daemon.mark.enter(Phase::DeepDive);
-        daemon.deep_dives(&mut plane);
+        dives.tick(&mut daemon.engines, &mut plane, &daemon.mark);
         if Instant::now() >= report_at {
             daemon.mark.enter(Phase::Accounting);
             last = daemon.account(&mut plane, &last);
@@ -129,13 +127,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         daemon.mark.enter(Phase::Idle);
         std::thread::sleep(cfg.sentinel.poll_interval);
     }
-    if let Some(mut job) = daemon.job.take() {
-        job.note("the daemon stopped: the capture covers the part before".into());
-        daemon.finish(job, &mut plane);
-    }
-    for w in std::mem::take(&mut daemon.writers) {
-        let _ = w.join();
-    }
+    dives.stop(&mut daemon.engines, &mut plane, &daemon.mark);
     for (pid, a) in std::mem::take(&mut daemon.attaching) {
         if let Ok(Ok(e)) = a.join() {
             daemon.engines.insert(pid, e);
@@ -173,14 +165,6 @@ struct Daemon<'a> {
     watched: BTreeSet<u32>,
     /// (tid, comm) label pairs used per pid, to remove their series later.
     threads: BTreeMap<u32, BTreeSet<(String, String)>>,
-    /// The capture in progress (one at a time: the kernel plane has one event ring).
-    job: Option<Job>,
-    /// Writer threads of finished captures (joined on exit, so no trace is cut short).
-    writers: Vec<std::thread::JoinHandle<()>>,
-    /// When each engine's last normal reference was started.
-    reference_at: BTreeMap<u32, Instant>,
-    /// When the last alert-triggered deep dive started (for the cooldown).
-    alert_dive_at: Option<Instant>,
 }
 
 /// Whether an attach failed because the process is not Python at all.
@@ -221,205 +205,6 @@ impl Named {
 }
 
 impl Daemon<'_> {
-    /// Runs the deep-dive machinery once per loop: feeds and finishes the capture in
-    /// progress, then starts the next one (an alert's, a requested one, or a due normal
-    /// reference), in that order of priority.
-    fn deep_dives(&mut self, plane: &mut KernelPlane) {
-        let dd = &self.cfg.deep_dive;
-        if let Some(job) = &mut self.job {
-            if !job.ending() {
-                if let Some(e) = self.engines.get_mut(&job.pid) {
-                    job.feed(e.drain_tap());
-                    job.feed_gpu(e.drain_gpu_tap());
-                }
-            }
-            let was_ending = job.ending();
-            let stopped = job.poll(plane);
-            let (pid, ended) = (job.pid, job.ending() && !was_ending);
-            if ended {
-                self.end_capture(pid);
-            }
-            if stopped {
-                let job = self.job.take().expect("checked");
-                self.finish(job, plane);
-            }
-        }
-        let alerts: Vec<(u32, u64)> = self
-            .engines
-            .iter_mut()
-            .filter_map(|(&pid, e)| e.take_new_alert().map(|a| (pid, a)))
-            .collect();
-        for (pid, alert) in alerts {
-            // A normal reference recording of this engine is not normal any more: drop it,
-            // whether or not the alert gets a deep dive of its own.
-            self.abandon_reference(plane, Some(pid));
-            if !dd.on_alert {
-                continue;
-            }
-            if let Some(t) = self.alert_dive_at.filter(|t| t.elapsed() < dd.cooldown) {
-                info!(
-                    "engine {pid}: no deep dive for alert {alert}: the last one started {:.0?} ago ([deep_dive] cooldown {:?})",
-                    t.elapsed(),
-                    dd.cooldown
-                );
-                continue;
-            }
-            // An alert outranks a reference recording of another engine too.
-            self.abandon_reference(plane, None);
-            // A capture still stopping holds the kernel's event ring: the deep dive waits in
-            // the queue for it.
-            let queue = self.job.is_some();
-            let admitted = self
-                .shared
-                .deep_dive
-                .registry
-                .lock()
-                .expect("registry")
-                .admit(
-                    pid,
-                    format!("alert {alert}"),
-                    dd.duration,
-                    Duration::ZERO,
-                    dd.max_per_hour,
-                    queue,
-                );
-            match admitted {
-                Ok(id) if queue => {
-                    self.alert_dive_at = Some(Instant::now());
-                    info!("engine {pid}: deep dive {id} for alert {alert} starts once the previous capture has stopped");
-                }
-                Ok(id) => {
-                    self.alert_dive_at = Some(Instant::now());
-                    let req = Request {
-                        id,
-                        pid,
-                        duration: dd.duration,
-                        baseline: Duration::ZERO,
-                    };
-                    self.start(Purpose::DeepDive(req), pid, plane);
-                }
-                Err(why) => info!("engine {pid}: no deep dive for alert {alert}: {why}"),
-            }
-        }
-        if self.job.is_none() {
-            let next = self
-                .shared
-                .deep_dive
-                .registry
-                .lock()
-                .expect("registry")
-                .next_request();
-            if let Some(req) = next {
-                let pid = req.pid;
-                self.start(Purpose::DeepDive(req), pid, plane);
-            }
-        }
-        if self.job.is_none() {
-            let due = self.engines.iter().find(|(pid, e)| {
-                e.healthy()
-                    && e.healthy_for() >= dd.reference_settle
-                    && self
-                        .reference_at
-                        .get(pid)
-                        .is_none_or(|t| t.elapsed() >= dd.reference_every)
-            });
-            if let Some((&pid, _)) = due {
-                self.reference_at.insert(pid, Instant::now());
-                self.start(Purpose::Reference, pid, plane);
-            }
-        }
-    }
-
-    /// Starts a capture of engine `pid`, fed by its probe calls.
-    fn start(&mut self, purpose: Purpose, pid: u32, plane: &mut KernelPlane) {
-        self.mark.enter(Phase::CaptureStart);
-        let id = match &purpose {
-            Purpose::DeepDive(r) => Some(r.id),
-            Purpose::Reference => None,
-        };
-        let Some(engine) = self.engines.get_mut(&pid) else {
-            if let Some(id) = id {
-                let why = format!("engine {pid} is no longer attached");
-                self.shared
-                    .deep_dive
-                    .registry
-                    .lock()
-                    .expect("registry")
-                    .fail(id, why);
-            }
-            return;
-        };
-        let source = engine.start_tap();
-        let gpu_fed = self.cfg.deep_dive.has("gpu") && engine.start_gpu_tap();
-        match Job::start(purpose, pid, source, gpu_fed, &self.cfg.deep_dive, plane) {
-            Ok(job) => {
-                let what = match id {
-                    Some(id) => format!("deep dive {id} of engine {pid}"),
-                    None => format!("normal reference of engine {pid}"),
-                };
-                info!("started the capture: {what}");
-                *self.shared.deep_dive.capture.lock().expect("capture lock") = Some(what);
-                self.job = Some(job);
-            }
-            Err(e) => {
-                warn!("engine {pid}: cannot start a capture: {e:#}");
-                self.stop_tap(pid);
-                if let Some(id) = id {
-                    self.shared
-                        .deep_dive
-                        .registry
-                        .lock()
-                        .expect("registry")
-                        .fail(id, format!("{e:#}"));
-                }
-            }
-        }
-    }
-
-    /// Hands a finished capture to a writer thread.
-    fn finish(&mut self, job: Job, plane: &mut KernelPlane) {
-        self.end_capture(job.pid);
-        let dd = &self.cfg.deep_dive;
-        self.writers.retain(|w| !w.is_finished());
-        if let Some(w) = job.finish(
-            plane,
-            self.shared.deep_dive.clone(),
-            dd.dir(&self.cfg.state),
-            dd.max_bytes,
-        ) {
-            self.writers.push(w);
-        }
-    }
-
-    /// Abandons the normal-reference recording in progress (of engine `pid`, or of any): it
-    /// stops in the background and is dropped once stopped. One whose window is already
-    /// over is kept.
-    fn abandon_reference(&mut self, plane: &mut KernelPlane, pid: Option<u32>) {
-        let Some(job) = self.job.as_mut().filter(|j| {
-            matches!(j.purpose, Purpose::Reference) && !j.ending() && pid.is_none_or(|p| j.pid == p)
-        }) else {
-            return;
-        };
-        let job_pid = job.pid;
-        job.abandon(plane);
-        self.end_capture(job_pid);
-        self.reference_at.remove(&job_pid);
-    }
-
-    /// What stopping a capture of engine `pid` takes on the daemon's side, finished or
-    /// abandoned: the watchdog's phase, the status, the engine's tap.
-    fn end_capture(&mut self, pid: u32) {
-        self.mark.enter(Phase::CaptureFinish);
-        *self.shared.deep_dive.capture.lock().expect("capture lock") = None;
-        self.stop_tap(pid);
-    }
-
-    fn stop_tap(&mut self, pid: u32) {
-        if let Some(e) = self.engines.get_mut(&pid) {
-            e.stop_tap();
-        }
-    }
-
     fn thread_labels(&self, pid: u32) -> Vec<(String, String)> {
         self.threads
             .get(&pid)
@@ -554,10 +339,10 @@ impl Daemon<'_> {
             {
                 continue;
             }
-            let cfg = self.cfg.clone();
+            let (sentinel, state_dir) = (self.cfg.sentinel.clone(), self.cfg.state.dir.clone());
             match std::thread::Builder::new()
                 .name("stallscope-attach".into())
-                .spawn(move || Engine::attach(pid, &cfg))
+                .spawn(move || Engine::attach(pid, &sentinel, &state_dir))
             {
                 Ok(a) => {
                     self.attaching.insert(pid, a);

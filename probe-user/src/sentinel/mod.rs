@@ -1,7 +1,15 @@
-//! The sentinel: the daemon's loop, the engines it watches (iterations from the probes' calls,
-//! the latency baseline, the UCL alerts) and the watchdog of its own loop.
+//! The sentinel: the daemon's loop, the engines it watches and, per engine, the owners of
+//! one job each: where iterations come from (the anchor), how they are assembled, the
+//! baseline model on disk and its fits, the alerts, the GPU figures and the lost-record
+//! account; and the watchdog of the daemon's own loop.
 
+pub mod alert_book;
+pub mod anchor;
 pub mod daemon;
+pub mod dives;
 pub mod engine;
+pub mod gpu_figures;
 pub mod iterations;
 pub mod loop_watchdog;
+pub mod lost_records;
+pub mod model_store;

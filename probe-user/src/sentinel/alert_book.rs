@@ -1,0 +1,92 @@
+//! One engine's alerts: the alert open now, its iteration count as it grows, the start and
+//! end events (metrics, the alert log, `/api/v1/alerts`), and the id of a new one for the
+//! daemon's deep dive.
+
+use log::{info, warn};
+use model::{Iteration, Verdict};
+
+use crate::{
+    api::state::{Alert, Shared},
+    os::clock::unix_ms,
+};
+
+/// The alert book of engine `pid`.
+pub struct AlertBook {
+    pid: u32,
+    pid_label: String,
+    open: Option<Alert>,
+    /// Id of an alert that started since the daemon last looked.
+    new: Option<u64>,
+}
+
+impl AlertBook {
+    pub fn new(pid: u32) -> AlertBook {
+        AlertBook {
+            pid,
+            pid_label: pid.to_string(),
+            open: None,
+            new: None,
+        }
+    }
+
+    /// Takes in the sentinel's verdict on `it`, decided at `decided_ns` (CLOCK_MONOTONIC).
+    pub fn observe(&mut self, it: &Iteration, v: &Verdict, decided_ns: u64, shared: &Shared) {
+        let m = &shared.metrics;
+        let pid = [self.pid_label.as_str()];
+        if v.predicted_us.is_some() && v.error.is_some() {
+            if let Some(a) = &mut self.open {
+                a.iterations += 1;
+            }
+        }
+        if v.alert_started {
+            let alert = Alert {
+                id: shared.next_alert_id(self.pid),
+                pid: self.pid,
+                started_unix_ms: unix_ms(),
+                trigger_iteration_end_ns: it.end_ns,
+                detection_latency_us: decided_ns.saturating_sub(it.end_ns) as f64 / 1e3,
+                moving_mean: v.moving_mean.unwrap_or_default(),
+                ucl: v.ucl.unwrap_or_default(),
+                duration_us: it.duration_us(),
+                predicted_us: v.predicted_us.unwrap_or_default(),
+                ended_unix_ms: None,
+                iterations: 1,
+            };
+            warn!(
+                "engine {}: ALERT decode iterations {:.0}% slower than the baseline predicts (moving mean of E {:.3} > UCL {:.3})",
+                self.pid,
+                100.0 * alert.moving_mean,
+                alert.moving_mean,
+                alert.ucl
+            );
+            m.alerts.with_label_values(&pid).inc();
+            m.anomaly_active.with_label_values(&pid).set(1);
+            shared.alert_event("alert_start", &alert);
+            self.new = Some(alert.id);
+            self.open = Some(alert);
+        }
+        if v.alert_ended {
+            if let Some(mut a) = self.open.take() {
+                a.ended_unix_ms = Some(unix_ms());
+                info!(
+                    "engine {}: alert {} ended after {} iterations",
+                    self.pid, a.id, a.iterations
+                );
+                shared.alert_event("alert_end", &a);
+            }
+            m.anomaly_active.with_label_values(&pid).set(0);
+        }
+    }
+
+    /// Shows the open alert's record as it is now among the recent alerts.
+    pub fn publish(&self, shared: &Shared) {
+        if let Some(a) = &self.open {
+            shared.keep_alert(a);
+        }
+    }
+
+    /// The id of an alert that started since the last call.
+    pub fn take_new(&mut self) -> Option<u64> {
+        self.new.take()
+    }
+}
