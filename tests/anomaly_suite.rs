@@ -3,7 +3,7 @@
 //! both when its time is up and when it is stopped with SIGTERM.
 
 use std::{
-    io::{BufRead, BufReader, Read},
+    io::{BufRead, Read},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
@@ -26,16 +26,10 @@ struct Victim {
 impl Victim {
     fn start(cwd: &Path) -> Victim {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_victim.py");
-        let mut proc = Proc::spawn(
-            Command::new(python("3.12"))
-                .arg(script)
-                .current_dir(cwd)
-                .stdout(Stdio::piped()),
+        let (proc, _, out) = Proc::spawn_ready(
+            Command::new(python("3.12")).arg(script).current_dir(cwd),
+            "ready ",
         );
-        let mut out = BufReader::new(proc.0.stdout.take().unwrap());
-        let mut first = String::new();
-        out.read_line(&mut first).unwrap();
-        assert!(first.starts_with("ready "), "{first}");
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
         std::thread::spawn(move || {
@@ -55,7 +49,7 @@ impl Victim {
     }
 
     fn pid(&self) -> u32 {
-        self.proc.0.id()
+        self.proc.id()
     }
 
     /// Waits (up to 15 s) until the lines printed from now on satisfy `ok`: the injection

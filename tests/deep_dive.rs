@@ -75,7 +75,7 @@ fn trace_is_valid_aligned_and_a_cpu_hog_ranks_first() {
     let dir = tmpdir("deep-dive");
     let times = dir.join("toy-times.txt");
     let engine = start_timed_engine(&times);
-    let pid = engine.0.id();
+    let pid = engine.id();
     let mut dd = spawn_logged(deep_dive(pid, &dir, "3s", "3s"), &dir);
     // The hog starts inside the deep-dive window (after the 3 s reference).
     let reference_ns = window_open(&dir, "normal reference");
@@ -196,7 +196,7 @@ fn target_exit_mid_capture_keeps_what_was_captured() {
     require_root();
     let dir = tmpdir("deep-dive-exit");
     let engine = start_engine();
-    let pid = engine.0.id();
+    let pid = engine.id();
     let mut dd = spawn_logged(deep_dive(pid, &dir, "1s", "5s"), &dir);
     window_open(&dir, "deep-dive");
     std::thread::sleep(Duration::from_secs(1));

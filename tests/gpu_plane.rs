@@ -10,9 +10,9 @@
 
 use std::{
     collections::HashMap,
-    io::{BufRead, BufReader},
+    io::BufRead,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -57,13 +57,8 @@ impl Target {
         cmd.arg(script)
             .arg(standin(&dir))
             .args(hold)
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped());
-        let mut proc = Proc::spawn(&mut cmd);
-        let mut out = BufReader::new(proc.0.stdout.take().unwrap());
-        let mut first = String::new();
-        out.read_line(&mut first).unwrap();
-        assert_eq!(first.trim(), "ready");
+            .envs(env.iter().copied());
+        let (proc, _, out) = Proc::spawn_ready(&mut cmd, "ready");
         let launches = Arc::new(Mutex::new(HashMap::new()));
         let states = Arc::new(Mutex::new(Vec::new()));
         let (l, s) = (launches.clone(), states.clone());
@@ -90,7 +85,7 @@ impl Target {
     }
 
     fn pid(&self) -> u32 {
-        self.proc.0.id()
+        self.proc.id()
     }
 
     /// The CUPTI state the target reports after `wait`.
@@ -392,8 +387,8 @@ fn the_sentinel_measures_gpu_time_per_iteration() {
     }
     // SIGTERM: the daemon detaches the agent too.
     // SAFETY: kill(2) on our child.
-    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
-    let status = daemon.0.wait().unwrap();
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let status = daemon.child().wait().unwrap();
     assert!(status.success(), "daemon exit {status:?}");
     assert_eq!(t.state_after(Duration::from_millis(300)), 0);
     nothing_left(&t);
@@ -534,7 +529,7 @@ fn clear_errors_without_cupti_or_python() {
         Command::new(python("3.12")).args(["-c", "import time\nwhile True: time.sleep(0.01)"]),
     );
     std::thread::sleep(Duration::from_millis(500));
-    let pid = plain.0.id().to_string();
+    let pid = plain.id().to_string();
     // No NVIDIA driver on this host (CI never has one): nothing is loaded into the target.
     if !Path::new("/dev/nvidiactl").exists() {
         let e = expect_failure(stallscope().args(["gpu", "--pid", &pid]));
@@ -542,12 +537,11 @@ fn clear_errors_without_cupti_or_python() {
     }
     let e = expect_failure(stallscope_standin().args(["gpu", "--pid", &pid]));
     assert!(e.contains("no libcupti"), "{e}");
-    let maps = std::fs::read_to_string(format!("/proc/{}/maps", plain.0.id())).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", plain.id())).unwrap();
     assert!(!maps.contains("stallscope-gpu-agent"), "agent left mapped");
     // Not Python.
     let sleeper = Proc::spawn(Command::new("sleep").arg("30"));
-    let e =
-        expect_failure(stallscope_standin().args(["gpu", "--pid", &sleeper.0.id().to_string()]));
+    let e = expect_failure(stallscope_standin().args(["gpu", "--pid", &sleeper.id().to_string()]));
     assert!(e.contains("not a Python process"), "{e}");
     // No such process.
     let e = expect_failure(stallscope().args(["gpu", "--pid", "999999999"]));

@@ -3,35 +3,33 @@
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
-    process::{Child, Command, Output, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
 use serde_json::Value;
 
 mod common;
-use common::{expect_failure, require_root, stallscope, stallscope_unprivileged};
+use common::{
+    expect_failure, expect_json, require_root, stallscope, stallscope_unprivileged, Proc,
+};
 
-/// A running workload process, killed on drop.
+/// A running workload process, killed on drop, and what it announced (its pid and tids).
 struct Workload {
-    child: Child,
+    proc: Proc,
     info: Value,
 }
 
 impl Workload {
     fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_stallscope-workload"))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start workload");
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let (proc, line, _) = Proc::spawn_ready(
+            Command::new(env!("CARGO_BIN_EXE_stallscope-workload"))
+                .args(args)
+                .stdin(Stdio::piped()),
+            "{",
+        );
         let info = serde_json::from_str(&line).expect("workload announces itself");
-        Self { child, info }
+        Self { proc, info }
     }
 
     fn pid(&self) -> u32 {
@@ -43,30 +41,11 @@ impl Workload {
     }
 }
 
-impl Drop for Workload {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// (on-CPU ns, run-queue wait ns) from the kernel's own accounting.
 fn schedstat(pid: u32, tid: u32) -> (u64, u64) {
     let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).unwrap();
     let v: Vec<u64> = s.split_whitespace().map(|x| x.parse().unwrap()).collect();
     (v[0], v[1])
-}
-
-fn run_json(args: &[&str]) -> (Output, Value) {
-    let out = stallscope().args(args).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "stallscope {args:?} failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v = serde_json::from_str(&stdout).expect("probe --json prints one JSON object");
-    (out, v)
 }
 
 /// The report's entry for thread `tid`.
@@ -178,14 +157,14 @@ fn kernel_runq_share(report: &Value, tid: u32) -> f64 {
 fn syscalls_and_network_bytes_are_counted() {
     require_root();
     let storm = Workload::start(&["syscall-storm", "--threads", "1"]);
-    let (_, report) = run_json(&[
+    let report = expect_json(stallscope().args([
         "probe",
         "--pid",
         &storm.pid().to_string(),
         "--duration",
         "1s",
         "--json",
-    ]);
+    ]));
     let storm_thread = report["threads"]
         .as_array()
         .unwrap()
@@ -237,7 +216,7 @@ fn syscalls_and_network_bytes_are_counted() {
 fn deep_dive_streams_events() {
     require_root();
     let storm = Workload::start(&["syscall-storm", "--threads", "1"]);
-    let (_, report) = run_json(&[
+    let report = expect_json(stallscope().args([
         "probe",
         "--pid",
         &storm.pid().to_string(),
@@ -245,7 +224,7 @@ fn deep_dive_streams_events() {
         "1s",
         "--json",
         "--deep-dive",
-    ]);
+    ]));
     let ev = &report["deep_dive"]["events"];
     let (enter, exit) = (
         ev["sys_enter"].as_u64().unwrap(),
@@ -283,7 +262,7 @@ fn target_exit_during_probe_gives_partial_result() {
             "the probe ended before its window opened:\n{said}"
         );
     }
-    writeln!(w.child.stdin.as_mut().unwrap(), "go").unwrap();
+    writeln!(w.proc.child().stdin.as_mut().unwrap(), "go").unwrap();
     stderr.read_to_string(&mut said).unwrap();
     let mut out = probe.wait_with_output().unwrap();
     out.stderr = said.into_bytes();

@@ -3,9 +3,9 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    io::{BufRead, BufReader, Write},
+    io::{BufRead, Write},
     path::PathBuf,
-    process::{Child, ChildStdin, Command, Stdio},
+    process::{ChildStdin, Command, Stdio},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -15,7 +15,8 @@ use serde_json::Value;
 
 mod common;
 use common::{
-    expect_failure, expect_success, python, require_root, stallscope, stallscope_unprivileged,
+    expect_failure, expect_json, expect_success, python, require_root, stallscope,
+    stallscope_unprivileged, Proc,
 };
 
 const VERSIONS: [&str; 4] = ["3.10", "3.11", "3.12", "3.13"];
@@ -35,7 +36,7 @@ struct TargetCall {
 
 /// A running `targets/py_loop.py`, killed on drop. Its stdout is parsed as it arrives.
 struct Target {
-    child: Child,
+    proc: Proc,
     stdin: Option<ChildStdin>,
     pid: i32,
     lines: Arc<Mutex<Vec<String>>>,
@@ -44,17 +45,13 @@ struct Target {
 impl Target {
     fn start(version: &str, args: &[&str]) -> Target {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_loop.py");
-        let mut child = Command::new(python(version))
-            .arg(script)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start python target");
-        let mut reader = BufReader::new(child.stdout.take().unwrap());
-        let mut first = String::new();
-        reader.read_line(&mut first).unwrap();
-        assert!(first.starts_with("ready "), "target said {first:?}");
+        let (mut proc, first, reader) = Proc::spawn_ready(
+            Command::new(python(version))
+                .arg(script)
+                .args(args)
+                .stdin(Stdio::piped()),
+            "ready ",
+        );
         assert!(first.trim().ends_with(version), "{first}");
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
@@ -63,10 +60,10 @@ impl Target {
                 sink.lock().unwrap().push(line);
             }
         });
-        let stdin = child.stdin.take();
-        let pid = child.id() as i32;
+        let stdin = proc.child().stdin.take();
+        let pid = proc.id() as i32;
         Target {
-            child,
+            proc,
             stdin,
             pid,
             lines,
@@ -152,37 +149,18 @@ impl Target {
     }
 
     fn alive(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.proc.child().try_wait().unwrap().is_none()
     }
 }
 
 fn probe_json(pid: i32, duration: &str, watch: &[&str]) -> Value {
     let mut cmd = stallscope();
-    cmd.args([
-        "probe",
-        "--pid",
-        &pid.to_string(),
-        "--duration",
-        duration,
-        "--json",
-    ]);
+    cmd.args(["probe", "--pid", &pid.to_string()])
+        .args(["--duration", duration, "--json"]);
     for w in watch {
         cmd.args(["--watch", w]);
     }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "probe failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    expect_json(&mut cmd)
 }
 
 fn median(mut v: Vec<i64>) -> i64 {
@@ -498,102 +476,116 @@ fn error_unsupported_python_version() {
     );
 }
 
-#[test]
-fn error_function_not_found_names_close_matches() {
-    require_root();
-    let mut target = Target::start("3.13", &["sleep"]);
-    target.wait_progress(3);
-    let err = expect_failure(stallscope().args([
-        "probe",
-        "--pid",
-        &target.pid.to_string(),
-        "--watch",
-        "__main__:Sched.run_btch",
-    ]));
-    assert!(
-        err.contains("not found") && err.contains("close matches: run_batch"),
-        "{err}"
-    );
-    target.wait_progress(110);
-    assert!(target.alive() && target.wait_clean_report());
+/// An attach that must fail: the target, what is done to it before and after, and what the
+/// one error must say (the problem and the fix).
+struct AttachError {
+    case: &'static str,
+    python: &'static str,
+    mode: &'static str,
+    watch: &'static str,
+    /// Without CAP_SYS_PTRACE.
+    unprivileged: bool,
+    before: fn(&mut Target),
+    after: fn(&mut Target),
+    says: &'static [&'static str],
 }
 
-#[test]
-fn error_target_already_traced() {
-    require_root();
-    let target = Target::start("3.11", &["sleep"]);
-    // SAFETY: PTRACE_SEIZE of our own child; no memory is passed.
-    let rc = unsafe { libc::ptrace(libc::PTRACE_SEIZE, target.pid, 0, 0) };
-    assert_eq!(rc, 0);
-    let err = expect_failure(stallscope().args([
-        "probe",
-        "--pid",
-        &target.pid.to_string(),
-        "--watch",
-        SPEC,
-    ]));
-    assert!(
-        err.contains("already traced by pid") && err.contains("detach that debugger"),
-        "{err}"
-    );
-}
+fn nothing(_: &mut Target) {}
 
 #[test]
-fn error_ptrace_not_permitted_without_privileges() {
+fn attach_errors_name_the_problem_and_the_fix() {
     require_root();
-    let target = Target::start("3.11", &["sleep"]);
-    let err = expect_failure(stallscope_unprivileged().args([
-        "probe",
-        "--pid",
-        &target.pid.to_string(),
-        "--watch",
-        SPEC,
-    ]));
-    assert!(
-        err.contains("not permitted") && err.contains("CAP_SYS_PTRACE"),
-        "{err}"
-    );
-}
-
-#[test]
-fn error_target_exits_mid_attach() {
-    require_root();
-    let mut target = Target::start("3.12", &["exit-soon"]);
-    let err = expect_failure(stallscope().args([
-        "probe",
-        "--pid",
-        &target.pid.to_string(),
-        "--watch",
-        SPEC,
-    ]));
-    assert!(
-        err.contains("exited while stallscope was attaching"),
-        "{err}"
-    );
-    assert_eq!(target.child.wait().unwrap().code(), Some(3));
-}
-
-#[test]
-fn error_stopped_target() {
-    require_root();
-    let target = Target::start("3.10", &["sleep"]);
-    // SAFETY: signal to our own child.
-    unsafe { libc::kill(target.pid, libc::SIGSTOP) };
-    std::thread::sleep(Duration::from_millis(100));
-    let err = expect_failure(stallscope().args([
-        "probe",
-        "--pid",
-        &target.pid.to_string(),
-        "--watch",
-        SPEC,
-    ]));
-    assert!(
-        err.contains("is stopped") && err.contains("kill -CONT"),
-        "{err}"
-    );
-    // SAFETY: as above.
-    unsafe { libc::kill(target.pid, libc::SIGCONT) };
-    target.wait_progress(5);
+    let cases = [
+        AttachError {
+            case: "function not found",
+            python: "3.13",
+            mode: "sleep",
+            watch: "__main__:Sched.run_btch",
+            unprivileged: false,
+            before: |t| t.wait_progress(3),
+            after: |t| {
+                // Nothing was left behind: the target runs on, clean.
+                t.wait_progress(110);
+                assert!(t.alive() && t.wait_clean_report());
+            },
+            says: &["not found", "close matches: run_batch"],
+        },
+        AttachError {
+            case: "already traced",
+            python: "3.11",
+            mode: "sleep",
+            watch: SPEC,
+            unprivileged: false,
+            before: |t| {
+                // SAFETY: PTRACE_SEIZE of our own child; no memory is passed.
+                let rc = unsafe { libc::ptrace(libc::PTRACE_SEIZE, t.pid, 0, 0) };
+                assert_eq!(rc, 0);
+            },
+            after: nothing,
+            says: &["already traced by pid", "detach that debugger"],
+        },
+        AttachError {
+            case: "not permitted",
+            python: "3.11",
+            mode: "sleep",
+            watch: SPEC,
+            unprivileged: true,
+            before: nothing,
+            after: nothing,
+            says: &["not permitted", "CAP_SYS_PTRACE"],
+        },
+        AttachError {
+            case: "exits mid-attach",
+            python: "3.12",
+            mode: "exit-soon",
+            watch: SPEC,
+            unprivileged: false,
+            before: nothing,
+            after: |t| assert_eq!(t.proc.child().wait().unwrap().code(), Some(3)),
+            says: &["exited while stallscope was attaching"],
+        },
+        AttachError {
+            case: "stopped",
+            python: "3.10",
+            mode: "sleep",
+            watch: SPEC,
+            unprivileged: false,
+            before: |t| {
+                // SAFETY: a signal to our own child.
+                unsafe { libc::kill(t.pid, libc::SIGSTOP) };
+                std::thread::sleep(Duration::from_millis(100));
+            },
+            after: |t| {
+                // SAFETY: as above.
+                unsafe { libc::kill(t.pid, libc::SIGCONT) };
+                t.wait_progress(5);
+            },
+            says: &["is stopped", "kill -CONT"],
+        },
+    ];
+    for c in cases {
+        let mut target = Target::start(c.python, &[c.mode]);
+        (c.before)(&mut target);
+        let mut cmd = if c.unprivileged {
+            stallscope_unprivileged()
+        } else {
+            stallscope()
+        };
+        let err = expect_failure(cmd.args([
+            "probe",
+            "--pid",
+            &target.pid.to_string(),
+            "--watch",
+            c.watch,
+        ]));
+        assert!(
+            c.says.iter().all(|s| err.contains(s)),
+            "{}: the error does not say {:?}: {err}",
+            c.case,
+            c.says
+        );
+        (c.after)(&mut target);
+    }
 }
 
 /// `stallscope dump` samples every thread's Python stack with py-spy, without stopping the target.

@@ -6,7 +6,6 @@
 use std::{
     io::{Read, Write},
     net::{TcpListener, TcpStream},
-    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     time::{Duration, Instant},
@@ -237,7 +236,7 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
     let dir = tmpdir("alert");
     let times = dir.join("toy-steps.txt");
     let engine = start_timed_engine(&times);
-    let pid = engine.0.id();
+    let pid = engine.id();
     let mut d = Daemon::start(&dir, pid, 300);
     // No profile: the anchor is found among the two watched functions (10 s window).
     d.wait_for("discovered anchor", Duration::from_secs(30), |d| {
@@ -391,7 +390,7 @@ fn deep_dive_requests_need_the_token_off_loopback_and_run_one_at_a_time() {
     require_root();
     let dir = tmpdir("deep-dive-api");
     let engine = start_engine();
-    let pid = engine.0.id();
+    let pid = engine.id();
     let port = free_port();
     // Not loopback: requests need the token. The model never fits (no alerts, no reference).
     let cfg = config_on(&dir, pid, &format!("0.0.0.0:{port}"), 100_000, "s3cret");
@@ -447,7 +446,7 @@ fn metrics_pass_promtool_and_a_real_prometheus_scrapes_them() {
     require_root();
     let dir = tmpdir("prom");
     let engine = start_engine();
-    let d = Daemon::start(&dir, engine.0.id(), 100_000);
+    let d = Daemon::start(&dir, engine.id(), 100_000);
     d.wait_for("iterations", Duration::from_secs(30), |d| {
         metric(&http_get(d.port, "/metrics"), "stallscope_iterations_total") > 0.0
     });
@@ -468,7 +467,7 @@ fn metrics_pass_promtool_and_a_real_prometheus_scrapes_them() {
         ),
     )
     .unwrap();
-    let _prom = Proc(
+    let _prom = Proc::spawn(
         Command::new("prometheus")
             .arg(format!(
                 "--config.file={}",
@@ -480,10 +479,7 @@ fn metrics_pass_promtool_and_a_real_prometheus_scrapes_them() {
             ))
             .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap())
-            .process_group(0)
-            .spawn()
-            .expect("prometheus (Debian package prometheus; cargo xtask setup installs it)"),
+            .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap()),
     );
     let t = Instant::now();
     loop {
@@ -538,10 +534,10 @@ fn engine_exit_is_survived_and_sigterm_exits_cleanly() {
     require_root();
     let dir = tmpdir("exit");
     let mut engine = start_engine();
-    let mut d = Daemon::start(&dir, engine.0.id(), 100_000);
+    let mut d = Daemon::start(&dir, engine.id(), 100_000);
     d.wait_for("engine", Duration::from_secs(20), |d| d.engine().is_some());
-    engine.0.kill().unwrap();
-    engine.0.wait().unwrap();
+    engine.child().kill().unwrap();
+    engine.child().wait().unwrap();
     d.wait_for("engine removed", Duration::from_secs(10), |d| {
         d.engine().is_none()
     });
@@ -559,7 +555,7 @@ fn probes_whose_lease_ran_out_are_attached_again() {
     require_root();
     let dir = tmpdir("lease");
     let engine = start_engine();
-    let mut d = Daemon::start_with_sentinel_keys(&dir, engine.0.id(), "probe_lease = \"2s\"");
+    let mut d = Daemon::start_with_sentinel_keys(&dir, engine.id(), "probe_lease = \"2s\"");
     d.wait_for("iterations", Duration::from_secs(30), |d| {
         d.iterations() > 100
     });
@@ -592,7 +588,7 @@ fn records_lost_while_the_daemon_lags_are_warned_of_and_counted() {
     let engine = start_timed_engine(&times);
     let mut d = Daemon::start_with_sentinel_keys(
         &dir,
-        engine.0.id(),
+        engine.id(),
         "probe_ring_records = 1024\nprobe_lease = \"60s\"",
     );
     d.wait_for("iterations", Duration::from_secs(30), |d| {
@@ -652,7 +648,7 @@ fn an_engine_stuck_in_a_c_call_does_not_hold_up_the_others() {
     );
     let mut first = [0u8; 5];
     stuck
-        .0
+        .child()
         .stdout
         .as_mut()
         .unwrap()
@@ -660,10 +656,10 @@ fn an_engine_stuck_in_a_c_call_does_not_hold_up_the_others() {
         .unwrap();
     let port = free_port();
     // Both found by pattern (an explicit pid list would turn the patterns off).
-    let cfg = config(&dir, engine.0.id(), port, 100_000);
+    let cfg = config(&dir, engine.id(), port, 100_000);
     let text = std::fs::read_to_string(&cfg)
         .unwrap()
-        .replace(&format!("pids = [{}]", engine.0.id()), "pids = []")
+        .replace(&format!("pids = [{}]", engine.id()), "pids = []")
         .replace(
             "engine_patterns = []",
             "engine_patterns = [\"py_engine.py\", \"stallscope-stuck-engine\"]",
@@ -711,7 +707,7 @@ fn an_engine_stuck_in_a_c_call_does_not_hold_up_the_others() {
     );
     let log = d.log();
     assert!(!log.contains("held up"), "the loop was held up:\n{log}");
-    assert!(log.contains(&stuck.0.id().to_string()), "{log}");
+    assert!(log.contains(&stuck.id().to_string()), "{log}");
     assert!(d.stop().success(), "{log}");
 }
 

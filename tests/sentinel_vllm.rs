@@ -673,8 +673,8 @@ fn sentinel_on_real_vllm() {
 
     // SIGTERM: the daemon detaches and exits cleanly; the engine keeps serving.
     // SAFETY: kill(2) on our child.
-    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGTERM) };
-    let status = daemon.0.wait().unwrap();
+    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+    let status = daemon.child().wait().unwrap();
     assert!(
         status.success(),
         "{}",

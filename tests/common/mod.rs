@@ -3,12 +3,14 @@
 #![allow(dead_code)]
 
 use std::{
-    io::Read,
+    io::{BufRead, BufReader},
     net::TcpListener,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, ChildStdout, Command, Stdio},
     time::Duration,
 };
+
+use sys_util::process::Group;
 
 /// The stallscope binary (`cargo xtask test` builds it and sets STALLSCOPE_BIN).
 pub fn stallscope() -> Command {
@@ -149,23 +151,48 @@ pub fn expect_success(cmd: &mut Command) -> Vec<u8> {
     out.stdout
 }
 
-/// A child in its own process group, killed with the whole group when dropped (children it
-/// started, such as the load generator's Python, included).
-pub struct Proc(pub Child);
-
-impl Proc {
-    /// Spawns `cmd` as the leader of a new process group.
-    pub fn spawn(cmd: &mut Command) -> Proc {
-        use std::os::unix::process::CommandExt;
-        Proc(cmd.process_group(0).spawn().unwrap())
-    }
+/// Runs `cmd` (a stallscope command with `--json`), asserts it succeeds, and parses the one
+/// JSON document it prints.
+pub fn expect_json(cmd: &mut Command) -> serde_json::Value {
+    let out = expect_success(cmd);
+    serde_json::from_slice(&out).unwrap_or_else(|e| {
+        panic!(
+            "{cmd:?} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out)
+        )
+    })
 }
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on the group our child leads.
-        unsafe { libc::kill(-(self.0.id() as i32), libc::SIGKILL) };
-        let _ = self.0.wait();
+/// The one spawned-process fixture: a child leading its own process group, killed with the
+/// whole group when dropped (children it started, such as the load generator's Python,
+/// included). Panics when the command cannot start.
+pub struct Proc(Group);
+
+impl Proc {
+    pub fn spawn(cmd: &mut Command) -> Proc {
+        Proc(Group::spawn(cmd).unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}")))
+    }
+
+    /// Spawns `cmd` with its stdout piped and waits for its first line, which must start
+    /// with `ready` (the target is set up); that line, and the rest of its stdout.
+    pub fn spawn_ready(cmd: &mut Command, ready: &str) -> (Proc, String, BufReader<ChildStdout>) {
+        let mut p = Proc::spawn(cmd.stdout(Stdio::piped()));
+        let mut out = BufReader::new(p.child().stdout.take().unwrap());
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        assert!(
+            first.starts_with(ready),
+            "{cmd:?} said {first:?}, not {ready:?}"
+        );
+        (p, first, out)
+    }
+
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+
+    pub fn child(&mut self) -> &mut Child {
+        self.0.child()
     }
 }
 
@@ -194,18 +221,11 @@ pub fn start_timed_engine(times: &Path) -> Proc {
 fn start_toy(times: Option<&Path>) -> Proc {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_engine.py");
     let mut cmd = Command::new("taskset");
-    cmd.args(["-c", "0"])
-        .arg(python("3.12"))
-        .arg(script)
-        .stdout(Stdio::piped());
+    cmd.args(["-c", "0"]).arg(python("3.12")).arg(script);
     if let Some(t) = times {
         cmd.env("STALLSCOPE_TOY_TIMES", t);
     }
-    let mut p = Proc::spawn(&mut cmd);
-    let mut first = [0u8; 6];
-    p.0.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
-    assert_eq!(&first, b"ready ");
-    p
+    Proc::spawn_ready(&mut cmd, "ready ").0
 }
 
 /// The steps the toy engine timed into `times` that ended in `from_ns..to_ns`

@@ -84,6 +84,13 @@ fn main() -> Result<()> {
         }
         Task::Bench { only } => {
             setup::run()?;
+            // Speeds differ several-fold between CPUs of one machine kind: every report says
+            // which one it measured.
+            println!(
+                "Measured on: {} ({})\n",
+                vllm_size::Cpu::read()?.describe(),
+                String::from_utf8_lossy(&Command::new("uname").arg("-r").output()?.stdout).trim()
+            );
             let part = |p: &str| only.as_deref().is_none_or(|o| o == p);
             if part("kernel") {
                 bench::run()?;

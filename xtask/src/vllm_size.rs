@@ -157,6 +157,19 @@ impl Cpu {
         }
     }
 
+    /// One line for a report: model, CPU count and the vector features that change speeds.
+    pub fn describe(&self) -> String {
+        let yes = |f: &str| if self.flags.contains(f) { "yes" } else { "no" };
+        format!(
+            "{}, {} CPUs, AVX-512: {}, AVX512-BF16: {}, AMX: {}",
+            self.model,
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            yes("avx512f"),
+            yes("avx512_bf16"),
+            yes("amx_bf16")
+        )
+    }
+
     pub fn to_json(&self) -> Value {
         json!({
             "model": self.model,
