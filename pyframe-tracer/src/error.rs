@@ -110,6 +110,9 @@ pub enum Error {
     /// A framework profile is malformed or unknown.
     #[error("framework profile: {0}")]
     Profile(String),
+    /// A PEP 768 request (CPython 3.14+) could not be sent.
+    #[error(transparent)]
+    Pep768(#[from] crate::pep768::Pep768Error),
     /// An OS error with what we were doing.
     #[error("{what}: {source}")]
     Io {

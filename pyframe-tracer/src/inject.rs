@@ -69,7 +69,7 @@ fn queue_running(
     script: &str,
     build: impl Fn(u64, u64) -> String,
 ) -> Result<(Queued, QueueCost)> {
-    if rt.uses_pep768() {
+    if rt.delivery() == crate::python::Delivery::Pep768 {
         let line = build(0, 0);
         let host = std::path::PathBuf::from(format!("/proc/{pid}/root{script}"));
         std::fs::write(&host, line.as_bytes())
@@ -80,7 +80,7 @@ fn queue_running(
         let tstate =
             pep768::request_script(&ProcessMemory::new(pid), runtime, script).map_err(|e| {
                 let _ = std::fs::remove_file(&host);
-                Error::Probe(e.to_string())
+                Error::from(e)
             })?;
         return Ok((
             Queued::Pep768 {

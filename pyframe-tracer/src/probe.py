@@ -216,6 +216,7 @@ class _Probe:
         self.write = None
         self.watches = []
         self.by_code = {}
+        self.timing = None
         self.tool = None
         self.lease_ns = 30_000_000_000
         self.next_check = 0
@@ -434,7 +435,7 @@ class _Probe:
                 raise LookupError("%s:%s has no parameter %r for field %r (parameters: %s)" % (
                     module_name, qualname, f["param"], f["name"], ", ".join(params)))
         watch = _Watch(len(self.watches), spec["text"], owner, attr, raw, func, fields)
-        if sys.version_info >= (3, 12):
+        if self.timing == "sys.monitoring":
             self.by_code[watch.code] = watch
             self.monitor(watch)
         elif func.__code__.co_freevars:
@@ -509,6 +510,8 @@ class _Probe:
             self.ring = _Ring(req["ring"])
             self.write = self.ring.writer()
         self.lease_ns = int(req.get("lease_ns", self.lease_ns))
+        # How to time calls is decided by stallscope for this version (PythonRuntime::mechanisms).
+        self.timing = req["timing"]
         self.expire_pending = False
         specs = list(req.get("specs", []))
         framework = None

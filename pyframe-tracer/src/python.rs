@@ -21,15 +21,54 @@ pub struct PythonRuntime {
     pub py_runtime: Option<u64>,
 }
 
+/// How a request reaches the interpreter's main thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// `Py_AddPendingCall(PyRun_SimpleString, page)`, queued by a ptrace remote call.
+    PendingCall,
+    /// PEP 768's remote-debugger fields, written into the interpreter's memory.
+    Pep768,
+}
+
+/// How the probe times the watched functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timing {
+    /// Swap each function's `__code__` for a timing trampoline (a wrapper for closures).
+    CodeSwap,
+    /// `sys.monitoring` local events on the watched code objects only.
+    Monitoring,
+}
+
+impl Timing {
+    /// The probe's name for it (`probe.py`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Timing::CodeSwap => "code-swap",
+            Timing::Monitoring => "sys.monitoring",
+        }
+    }
+}
+
 impl PythonRuntime {
     /// `"3.12.1"`.
     pub fn version_string(&self) -> String {
         format!("{}.{}.{}", self.version.0, self.version.1, self.version.2)
     }
 
-    /// Whether the version uses PEP 768 (3.14+) rather than a pending call.
-    pub fn uses_pep768(&self) -> bool {
-        self.version >= (3, 14, 0)
+    /// The one place the mechanisms are chosen by version: 3.10 and 3.11 take pending calls and
+    /// code swaps; 3.12 and 3.13 pending calls and `sys.monitoring` (cheaper there, and what
+    /// 3.12 made for tools); 3.14+ PEP 768 and `sys.monitoring`.
+    pub fn mechanisms(&self) -> (Delivery, Timing) {
+        match self.version {
+            v if v >= (3, 14, 0) => (Delivery::Pep768, Timing::Monitoring),
+            v if v >= (3, 12, 0) => (Delivery::PendingCall, Timing::Monitoring),
+            _ => (Delivery::PendingCall, Timing::CodeSwap),
+        }
+    }
+
+    /// How requests reach this runtime.
+    pub fn delivery(&self) -> Delivery {
+        self.mechanisms().0
     }
 }
 
@@ -73,13 +112,13 @@ pub fn find(pid: i32) -> Result<PythonRuntime> {
                 version: rt.version_string(),
             });
         }
-        if !rt.uses_pep768() && rt.run_simple_string.is_none() {
+        if rt.delivery() == Delivery::PendingCall && rt.run_simple_string.is_none() {
             return Err(Error::MissingSymbol {
                 pid,
                 symbol: "PyRun_SimpleString".into(),
             });
         }
-        if rt.uses_pep768() && rt.py_runtime.is_none() {
+        if rt.delivery() == Delivery::Pep768 && rt.py_runtime.is_none() {
             return Err(Error::MissingSymbol {
                 pid,
                 symbol: "_PyRuntime".into(),

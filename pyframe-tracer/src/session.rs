@@ -206,6 +206,7 @@ impl Session {
             "op": "attach",
             "ring": self.ring_in_target,
             "lease_ns": self.options.lease.as_nanos() as u64,
+            "timing": self.runtime.mechanisms().1.name(),
             "specs": specs,
             "profiles": profiles,
         });
@@ -253,7 +254,7 @@ impl Session {
         let seq = self.seq;
         req["seq"] = json!(seq);
         let script = format!("/tmp/stallscope-{}-{}.py", self.pid, seq);
-        if self.runtime.uses_pep768() {
+        if self.runtime.delivery() == crate::python::Delivery::Pep768 {
             req["script"] = json!(script);
         }
         let build = |region: u64, size: u64| {

@@ -31,13 +31,14 @@
 //! `id` is 0, the main one. Without sub-interpreters the two are the same.
 //!
 //! The layout of `_Py_DebugOffsets` itself changes between minor versions (CPython only sends to its own
-//! `major.minor`), so the positions below are those of 3.14.0: the member order of the 3.14 header, whose
-//! final form (with `code_object_generation`, `tlbc_generation`, `tlbc_index`, `co_tlbc`, `llist_node`) was
-//! checked against bindgen output generated from the v3.14.0 headers. A newer minor version is refused until
-//! its layout is added here.
+//! `major.minor`), so [`layout`] holds 3.14's; a newer minor version is refused until its layout is added
+//! there.
 
-use std::fmt;
-use std::io;
+mod error;
+pub mod layout;
+
+pub use error::Pep768Error;
+use layout::{at, DebugOffsets314};
 
 use crate::memory::RemoteMemory;
 
@@ -49,266 +50,6 @@ const EVAL_PLEASE_STOP_BIT: u64 = 1 << 5;
 
 /// Upper bound on interpreters walked looking for the main one (guards against a cycle in a corrupt list).
 const MAX_INTERPRETERS: usize = 4096;
-
-/// Positions inside `_Py_DebugOffsets` of CPython 3.14, in bytes. The struct is a `char cookie[8]` followed
-/// only by `uint64_t`s, so each position is 8 × the number of `uint64_t`s declared before it (the tests sum
-/// `LAYOUT_3_14` to check these).
-mod at {
-    /// `uint64_t version` (`PY_VERSION_HEX`).
-    pub const VERSION: u64 = 8;
-    /// `uint64_t free_threaded` (1 on `Py_GIL_DISABLED` builds).
-    pub const FREE_THREADED: u64 = 16;
-    /// `runtime_state.size` = `sizeof(_PyRuntimeState)`.
-    pub const RUNTIME_SIZE: u64 = 24;
-    /// `runtime_state.finalizing` = `offsetof(_PyRuntimeState, _finalizing)` (the finalizing thread, or NULL).
-    pub const RUNTIME_FINALIZING: u64 = 32;
-    /// `runtime_state.interpreters_head` = `offsetof(_PyRuntimeState, interpreters.head)`.
-    pub const RUNTIME_INTERPRETERS_HEAD: u64 = 40;
-    /// `interpreter_state.size` = `sizeof(PyInterpreterState)`.
-    pub const INTERP_SIZE: u64 = 48;
-    /// `interpreter_state.id` = `offsetof(PyInterpreterState, id)` (`int64_t`, 0 for the main interpreter).
-    pub const INTERP_ID: u64 = 56;
-    /// `interpreter_state.next` = `offsetof(PyInterpreterState, next)`.
-    pub const INTERP_NEXT: u64 = 64;
-    /// `interpreter_state.threads_main` = `offsetof(PyInterpreterState, threads.main)`.
-    pub const INTERP_THREADS_MAIN: u64 = 80;
-    /// `thread_state.size` = `sizeof(PyThreadState)`.
-    pub const TSTATE_SIZE: u64 = 176;
-    /// `debugger_support.eval_breaker` = `offsetof(PyThreadState, eval_breaker)`.
-    pub const EVAL_BREAKER: u64 = 712;
-    /// `debugger_support.remote_debugger_support` = `offsetof(PyThreadState, remote_debugger_support)`.
-    pub const REMOTE_DEBUGGER_SUPPORT: u64 = 720;
-    /// `debugger_support.remote_debugging_enabled` = `offsetof(PyInterpreterState, config.remote_debug)`.
-    pub const REMOTE_DEBUGGING_ENABLED: u64 = 728;
-    /// `debugger_support.debugger_pending_call` = `offsetof(_PyRemoteDebuggerSupport, debugger_pending_call)`.
-    pub const DEBUGGER_PENDING_CALL: u64 = 736;
-    /// `debugger_support.debugger_script_path` = `offsetof(_PyRemoteDebuggerSupport, debugger_script_path)`.
-    pub const DEBUGGER_SCRIPT_PATH: u64 = 744;
-    /// `debugger_support.debugger_script_path_size` = `MAX_SCRIPT_PATH_SIZE` (512).
-    pub const DEBUGGER_SCRIPT_PATH_SIZE: u64 = 752;
-    /// `sizeof(_Py_DebugOffsets)`: the bytes read at once.
-    pub const SIZE: u64 = 760;
-}
-
-/// The members of CPython 3.14's `_Py_DebugOffsets`, in declaration order, with how many 8-byte words each
-/// takes (the cookie is one; every sub-struct holds only `uint64_t`s). The positions in `at` follow from it.
-#[cfg(test)]
-const LAYOUT_3_14: &[(&str, u64)] = &[
-    ("cookie", 1),
-    ("version", 1),
-    ("free_threaded", 1),
-    // size, finalizing, interpreters_head
-    ("runtime_state", 3),
-    // size, id, next, threads_head, threads_main, gc, imports_modules, sysdict, builtins, ceval_gil,
-    // gil_runtime_state, gil_runtime_state_enabled, gil_runtime_state_locked, gil_runtime_state_holder,
-    // code_object_generation, tlbc_generation
-    ("interpreter_state", 16),
-    // size, prev, next, interp, current_frame, thread_id, native_thread_id, datastack_chunk, status
-    ("thread_state", 9),
-    // size, previous, executable, instr_ptr, localsplus, owner, stackpointer, tlbc_index
-    ("interpreter_frame", 8),
-    // size, filename, name, qualname, linetable, firstlineno, argcount, localsplusnames, localspluskinds,
-    // co_code_adaptive, co_tlbc
-    ("code_object", 11),
-    ("pyobject", 2),
-    ("type_object", 4),
-    ("tuple_object", 3),
-    ("list_object", 3),
-    ("set_object", 4),
-    ("dict_object", 3),
-    ("float_object", 2),
-    ("long_object", 3),
-    ("bytes_object", 3),
-    ("unicode_object", 4),
-    ("gc", 2),
-    ("gen_object", 4),
-    ("llist_node", 2),
-    // eval_breaker, remote_debugger_support, remote_debugging_enabled, debugger_pending_call,
-    // debugger_script_path, debugger_script_path_size
-    ("debugger_support", 6),
-];
-
-/// Why a PEP 768 request could not be read, validated, sent or cancelled. Each message names the fix.
-#[derive(Debug)]
-pub enum Pep768Error {
-    /// Reading the target's memory failed.
-    Read {
-        /// What was being read.
-        what: &'static str,
-        /// Where.
-        addr: u64,
-        /// The OS error.
-        error: io::Error,
-    },
-    /// Writing the target's memory failed.
-    Write {
-        /// What was being written.
-        what: &'static str,
-        /// Where.
-        addr: u64,
-        /// The OS error.
-        error: io::Error,
-    },
-    /// No `"xdebugpy"` cookie at the given address.
-    BadCookie {
-        /// The address given as `_PyRuntime`.
-        addr: u64,
-        /// The 8 bytes found there.
-        found: [u8; 8],
-    },
-    /// A CPython older than 3.14 (no `debugger_support` table), or not CPython 3 at all.
-    TooOld {
-        /// The version, as `3.13.1`.
-        version: String,
-    },
-    /// A minor version newer than the layouts this module knows.
-    UnknownLayout {
-        /// The version.
-        version: String,
-    },
-    /// An alpha or beta of 3.14, whose layout may differ from the release's.
-    PreRelease {
-        /// The version.
-        version: String,
-    },
-    /// The values read do not fit the 3.14 layout.
-    LayoutMismatch {
-        /// The version the target reports.
-        version: String,
-        /// Which check failed.
-        detail: String,
-    },
-    /// The runtime has no interpreter (not initialized yet, or already torn down).
-    NoInterpreter,
-    /// The runtime is finalizing: the request would never run.
-    Finalizing,
-    /// `config.remote_debug` is not 1 in the target.
-    Disabled {
-        /// The value found (0 when disabled).
-        value: i32,
-    },
-    /// The main interpreter has no main thread state.
-    NoMainThread {
-        /// The interpreter's address.
-        interp: u64,
-    },
-    /// A thread-state address of 0 was passed.
-    NullThreadState,
-    /// The script path is empty or not absolute.
-    PathNotAbsolute {
-        /// The path given.
-        path: String,
-    },
-    /// The script path contains a NUL byte.
-    PathHasNul {
-        /// The path given.
-        path: String,
-    },
-    /// The script path does not fit the target's buffer with its NUL.
-    PathTooLong {
-        /// Its length in bytes.
-        len: usize,
-        /// The buffer size (the path must be at most `size - 1` bytes).
-        size: u64,
-    },
-}
-
-impl fmt::Display for Pep768Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Read { what, addr, error } => write!(
-                f,
-                "reading {what} at {addr:#x} in the target failed ({error}): check that the target is still \
-                 running and that stallscope may read its memory (root or CAP_SYS_PTRACE, \
-                 /proc/sys/kernel/yama/ptrace_scope)"
-            ),
-            Self::Write { what, addr, error } => write!(
-                f,
-                "writing {what} at {addr:#x} in the target failed ({error}): check that the target is still \
-                 running and that stallscope may write its memory (root or CAP_SYS_PTRACE, \
-                 /proc/sys/kernel/yama/ptrace_scope)"
-            ),
-            Self::BadCookie { addr, found } => write!(
-                f,
-                "no CPython debug offsets at {addr:#x} (found {:?} where \"xdebugpy\" was expected): the address \
-                 is not the _PyRuntime symbol (or .PyRuntime section) of a CPython 3.12+ runtime — pass the \
-                 _PyRuntime of the libpython or python executable the target has mapped",
-                String::from_utf8_lossy(found)
-            ),
-            Self::TooOld { version } => write!(
-                f,
-                "the target runs CPython {version}, which has no PEP 768 remote execution (it needs 3.14+): \
-                 use the pending-call injection for 3.10–3.13"
-            ),
-            Self::UnknownLayout { version } => write!(
-                f,
-                "the target runs CPython {version}, whose _Py_DebugOffsets layout stallscope does not know (it \
-                 knows 3.14; the layout changes between minor versions): update stallscope for this version"
-            ),
-            Self::PreRelease { version } => write!(
-                f,
-                "the target runs CPython {version}, a pre-release whose _Py_DebugOffsets layout may differ from \
-                 3.14's: run the target on a 3.14 release (3.14.0 or later, or a release candidate)"
-            ),
-            Self::LayoutMismatch { version, detail } => write!(
-                f,
-                "the debug offsets of the target's CPython {version} do not match the 3.14 layout ({detail}); \
-                 nothing was written: run the target on an unmodified CPython 3.14 release"
-            ),
-            Self::NoInterpreter => write!(
-                f,
-                "the target's CPython runtime has no main interpreter (it is still starting or already shut \
-                 down): retry once it runs Python code"
-            ),
-            Self::Finalizing => write!(
-                f,
-                "the target's CPython runtime is shutting down, so a script would never run: attach to a \
-                 running process"
-            ),
-            Self::Disabled { value } => write!(
-                f,
-                "remote debugging (PEP 768) is disabled in the target (config.remote_debug = {value}): it was \
-                 started with PYTHON_DISABLE_REMOTE_DEBUG set (to any value, even empty) or with \
-                 -X disable-remote-debug, or its CPython was built --without-remote-debug; restart it without \
-                 these"
-            ),
-            Self::NoMainThread { interp } => write!(
-                f,
-                "the target's main interpreter ({interp:#x}) has no main thread state (an embedding \
-                 application that does not run __main__, or the main thread is exiting): PEP 768 runs scripts \
-                 on the main thread, so run the workload from a `python` entry point"
-            ),
-            Self::NullThreadState => write!(
-                f,
-                "thread-state address 0: pass the address request_script returned"
-            ),
-            Self::PathNotAbsolute { path } => write!(
-                f,
-                "script path {path:?} is not absolute: pass the absolute path as the target sees it (inside \
-                 its mount namespace)"
-            ),
-            Self::PathHasNul { path } => write!(
-                f,
-                "script path {path:?} contains a NUL byte: pass a path without one"
-            ),
-            Self::PathTooLong { len, size } => write!(
-                f,
-                "script path is {len} bytes but the target's buffer holds {} plus the terminating NUL: use a \
-                 shorter path (e.g. under /tmp)",
-                size.saturating_sub(1)
-            ),
-        }
-    }
-}
-
-impl std::error::Error for Pep768Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Read { error, .. } | Self::Write { error, .. } => Some(error),
-            _ => None,
-        }
-    }
-}
 
 /// Layout values read from the target's `_Py_DebugOffsets` (at the start of `_PyRuntime`). Offsets are
 /// relative to the struct named in each field's doc.
@@ -399,28 +140,25 @@ impl DebugOffsets {
                 addr: runtime_addr,
                 error,
             })?;
-        let word = |pos: u64| {
-            let p = pos as usize;
-            u64::from_le_bytes(table[p..p + 8].try_into().expect("8 bytes"))
-        };
+        let d = DebugOffsets314::from_bytes(&table).expect("read at::SIZE bytes");
         let offsets = Self {
             version,
-            free_threaded: word(at::FREE_THREADED),
-            runtime_finalizing: word(at::RUNTIME_FINALIZING),
-            interpreters_head: word(at::RUNTIME_INTERPRETERS_HEAD),
-            interp_size: word(at::INTERP_SIZE),
-            interp_id: word(at::INTERP_ID),
-            interp_next: word(at::INTERP_NEXT),
-            threads_main: word(at::INTERP_THREADS_MAIN),
-            remote_debugging_enabled: word(at::REMOTE_DEBUGGING_ENABLED),
-            tstate_size: word(at::TSTATE_SIZE),
-            eval_breaker: word(at::EVAL_BREAKER),
-            remote_debugger_support: word(at::REMOTE_DEBUGGER_SUPPORT),
-            debugger_pending_call: word(at::DEBUGGER_PENDING_CALL),
-            debugger_script_path: word(at::DEBUGGER_SCRIPT_PATH),
-            debugger_script_path_size: word(at::DEBUGGER_SCRIPT_PATH_SIZE),
+            free_threaded: d.free_threaded,
+            runtime_finalizing: d.runtime_state.finalizing,
+            interpreters_head: d.runtime_state.interpreters_head,
+            interp_size: d.interpreter_state.size,
+            interp_id: d.interpreter_state.id,
+            interp_next: d.interpreter_state.next,
+            threads_main: d.interpreter_state.threads_main,
+            remote_debugging_enabled: d.debugger_support.remote_debugging_enabled,
+            tstate_size: d.thread_state.size,
+            eval_breaker: d.debugger_support.eval_breaker,
+            remote_debugger_support: d.debugger_support.remote_debugger_support,
+            debugger_pending_call: d.debugger_support.debugger_pending_call,
+            debugger_script_path: d.debugger_support.debugger_script_path,
+            debugger_script_path_size: d.debugger_support.debugger_script_path_size,
         };
-        offsets.check_layout(word(at::RUNTIME_SIZE))?;
+        offsets.check_layout(d.runtime_state.size)?;
         Ok(offsets)
     }
 
@@ -782,41 +520,6 @@ mod tests {
         let mut buf = vec![0u8; len];
         mem.read(BASE + TSTATE + SUPPORT + PATH, &mut buf).unwrap();
         buf
-    }
-
-    #[test]
-    fn positions_follow_the_3_14_declaration_order() {
-        let start = |name: &str| {
-            8 * LAYOUT_3_14
-                .iter()
-                .take_while(|(n, _)| *n != name)
-                .map(|(_, words)| words)
-                .sum::<u64>()
-        };
-        assert_eq!(start("version"), at::VERSION);
-        assert_eq!(start("free_threaded"), at::FREE_THREADED);
-        assert_eq!(start("runtime_state"), at::RUNTIME_SIZE);
-        assert_eq!(start("runtime_state") + 8, at::RUNTIME_FINALIZING);
-        assert_eq!(start("runtime_state") + 16, at::RUNTIME_INTERPRETERS_HEAD);
-        assert_eq!(start("interpreter_state"), at::INTERP_SIZE);
-        assert_eq!(start("interpreter_state") + 8, at::INTERP_ID);
-        assert_eq!(start("interpreter_state") + 16, at::INTERP_NEXT);
-        assert_eq!(start("interpreter_state") + 32, at::INTERP_THREADS_MAIN);
-        assert_eq!(start("thread_state"), at::TSTATE_SIZE);
-        let support = start("debugger_support");
-        assert_eq!(support, 712);
-        let fields = [
-            at::EVAL_BREAKER,
-            at::REMOTE_DEBUGGER_SUPPORT,
-            at::REMOTE_DEBUGGING_ENABLED,
-            at::DEBUGGER_PENDING_CALL,
-            at::DEBUGGER_SCRIPT_PATH,
-            at::DEBUGGER_SCRIPT_PATH_SIZE,
-        ];
-        for (i, pos) in fields.into_iter().enumerate() {
-            assert_eq!(pos, support + 8 * i as u64);
-        }
-        assert_eq!(start("end"), at::SIZE);
     }
 
     #[test]
