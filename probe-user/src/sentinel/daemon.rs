@@ -16,19 +16,21 @@ use std::{
 use anyhow::{bail, Result};
 use log::{info, warn};
 
+use super::{
+    dives::Dives,
+    engine::Engine,
+    loop_watchdog::{self, Marker, Phase},
+    processes::{self, Scan},
+    thread_time::ThreadTime,
+};
 use crate::{
-    api::export::IterationCsv,
-    api::http,
-    api::metrics::THREAD_STATES,
-    api::state::Shared,
+    api::{export::IterationCsv, http, state::Shared},
     config::Config,
-    kernel_plane::accounting,
-    kernel_plane::features::{Features, KernelPaths},
-    kernel_plane::{KernelPlane, Snapshot},
+    kernel_plane::{
+        features::{Features, KernelPaths},
+        KernelPlane,
+    },
     os::procfs,
-    sentinel::dives::Dives,
-    sentinel::engine::Engine,
-    sentinel::loop_watchdog::{self, Marker, Phase},
 };
 
 /// Wait before retrying an engine that could not be attached.
@@ -55,8 +57,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         retry_at: BTreeMap::new(),
         attaching: BTreeMap::new(),
         kernel_only: BTreeSet::new(),
-        watched: BTreeSet::new(),
-        threads: BTreeMap::new(),
+        thread_time: ThreadTime::default(),
     };
     let mut dives = Dives::new(
         &cfg.deep_dive,
@@ -118,7 +119,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         dives.tick(&mut daemon.engines, &mut plane, &daemon.mark);
         if Instant::now() >= report_at {
             daemon.mark.enter(Phase::Accounting);
-            last = daemon.account(&mut plane, &last);
+            last = daemon.thread_time.account(&mut plane, &last, &shared);
             report_at = Instant::now() + cfg.report.interval;
             if let Some(out) = &mut export {
                 let _ = out.flush();
@@ -161,10 +162,8 @@ struct Daemon<'a> {
     attaching: BTreeMap<u32, std::thread::JoinHandle<Result<Engine>>>,
     /// Pids given with --pid that are not Python: watched by the kernel plane only.
     kernel_only: BTreeSet<u32>,
-    /// Pids the kernel plane watches.
-    watched: BTreeSet<u32>,
-    /// (tid, comm) label pairs used per pid, to remove their series later.
-    threads: BTreeMap<u32, BTreeSet<(String, String)>>,
+    /// The kernel plane's watched processes and their threads' series.
+    thread_time: ThreadTime,
 }
 
 /// Whether an attach failed because the process is not Python at all.
@@ -177,41 +176,7 @@ fn is_not_python(e: &anyhow::Error) -> bool {
     })
 }
 
-/// A process's name and command line, read once per rescan (None: the read failed).
-struct Named {
-    pid: u32,
-    comm: Option<String>,
-    cmdline: Option<String>,
-}
-
-impl Named {
-    fn matches(&self, patterns: &[String]) -> bool {
-        let has = |s: &Option<String>, p: &str| s.as_deref().is_some_and(|s| s.contains(p));
-        patterns
-            .iter()
-            .any(|p| has(&self.comm, p) || has(&self.cmdline, p))
-    }
-
-    /// Whether the name or the command line could not be read.
-    fn unread(&self) -> bool {
-        self.comm.is_none() || self.cmdline.is_none()
-    }
-
-    /// Whether it matches `patterns`; a process that matched before (`was`) and whose name
-    /// could not be read this time (a failed /proc read, not a name that changed) still does.
-    fn still_matches(&self, patterns: &[String], was: bool) -> bool {
-        self.matches(patterns) || (was && self.unread())
-    }
-}
-
 impl Daemon<'_> {
-    fn thread_labels(&self, pid: u32) -> Vec<(String, String)> {
-        self.threads
-            .get(&pid)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
-    }
-
     /// Takes in the outcome of an engine's attach.
     fn attached(&mut self, pid: u32, attached: Result<Engine>) {
         match attached {
@@ -254,7 +219,7 @@ impl Daemon<'_> {
 
     /// Detaches an engine and removes its status and series.
     fn remove_engine(&mut self, pid: u32) {
-        let threads = self.thread_labels(pid);
+        let threads = self.thread_time.labels(pid);
         if let Some(e) = self.engines.remove(&pid) {
             e.detach(&self.shared, &threads);
         }
@@ -281,45 +246,11 @@ impl Daemon<'_> {
     /// Follows processes coming and going: kernel-plane watches and sentinel engines (whose
     /// attaches start here and finish on their own threads).
     fn rescan(&mut self, plane: &mut KernelPlane) {
-        let me = std::process::id();
-        let all: Vec<Named> = procfs::all_pids()
-            .into_iter()
-            .filter(|&p| p != me)
-            .map(|pid| Named {
-                pid,
-                comm: procfs::thread_comm(pid, pid),
-                cmdline: procfs::cmdline(pid),
-            })
-            .collect();
-        let explicit = &self.cfg.watch.pids;
-        let engines: BTreeSet<u32> = if explicit.is_empty() {
-            all.iter()
-                .filter(|p| {
-                    p.still_matches(
-                        &self.cfg.sentinel.engine_patterns,
-                        self.engines.contains_key(&p.pid),
-                    )
-                })
-                .map(|p| p.pid)
-                .collect()
-        } else {
-            explicit
-                .iter()
-                .copied()
-                .filter(|&p| procfs::process_exists(p))
-                .collect()
-        };
-        let mut wanted: BTreeSet<u32> = all
-            .iter()
-            .filter(|p| {
-                p.still_matches(
-                    &self.cfg.watch.process_patterns,
-                    self.watched.contains(&p.pid),
-                )
-            })
-            .map(|p| p.pid)
-            .collect();
-        wanted.extend(&engines);
+        let Scan { engines, watched } = processes::scan(
+            self.cfg,
+            |pid| self.engines.contains_key(&pid),
+            |pid| self.thread_time.watches(pid),
+        );
         // Engines that exited (or no longer match): detach and forget.
         let gone: Vec<u32> = self
             .engines
@@ -356,98 +287,6 @@ impl Daemon<'_> {
             .lock()
             .expect("lock")
             .retain(|p, _| engines.contains(p));
-        for &pid in wanted.difference(&self.watched.clone()) {
-            match plane.watch(pid) {
-                Ok(()) => {
-                    info!(
-                        "kernel plane: watching pid {pid} ({})",
-                        procfs::cmdline(pid).unwrap_or_default()
-                    );
-                    self.watched.insert(pid);
-                }
-                Err(e) => warn!("kernel plane: cannot watch pid {pid}: {e:#}"),
-            }
-        }
-        for pid in self.watched.clone().difference(&wanted) {
-            let _ = plane.unwatch(*pid);
-            self.watched.remove(pid);
-            let threads: Vec<(String, String)> = self
-                .threads
-                .remove(pid)
-                .map(|t| t.into_iter().collect())
-                .unwrap_or_default();
-            self.shared
-                .metrics
-                .forget_threads(&pid.to_string(), &threads);
-        }
-    }
-
-    /// Adds each watched thread's kernel time since `last` to the metrics.
-    fn account(&mut self, plane: &mut KernelPlane, last: &Snapshot) -> Snapshot {
-        let now = plane.snapshot();
-        let mut exited = Vec::new();
-        for &pid in &self.watched {
-            let p = pid.to_string();
-            for t in accounting::window(pid, last, &now, |tid, s| {
-                procfs::thread_comm(pid, tid)
-                    .unwrap_or_else(|| accounting::comm_from_bytes(&s.exit_comm))
-            }) {
-                let tid = t.tid.to_string();
-                for (state, ns) in
-                    THREAD_STATES
-                        .iter()
-                        .zip([t.on_cpu_ns, t.runq_wait_ns, t.blocked_ns])
-                {
-                    self.shared
-                        .metrics
-                        .thread_seconds
-                        .with_label_values(&[p.as_str(), tid.as_str(), t.comm.as_str(), state])
-                        .inc_by(ns as f64 / 1e9);
-                }
-                self.threads
-                    .entry(pid)
-                    .or_default()
-                    .insert((tid, t.comm.clone()));
-                if t.exited {
-                    exited.push(t.tid);
-                }
-            }
-        }
-        if now.lost_events > last.lost_events {
-            warn!(
-                "{} deep-dive events lost since the last report",
-                now.lost_events - last.lost_events
-            );
-        }
-        plane.forget_threads(&exited);
-        now
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Named;
-
-    #[test]
-    fn a_process_is_matched_on_what_could_be_read() {
-        let patterns = ["VLLM::EngineCore".to_string()];
-        let engine = |cmdline: Option<&str>| Named {
-            pid: 7,
-            // comm is cut to 15 bytes: only the command line carries the whole name.
-            comm: Some("VLLM::EngineCor".into()),
-            cmdline: cmdline.map(str::to_string),
-        };
-        assert!(engine(Some("VLLM::EngineCore")).matches(&patterns));
-        assert!(!engine(Some("VLLM::EngineCore")).unread());
-        // A failed cmdline read neither matches nor counts as a process that stopped matching:
-        // one that matched before still does.
-        assert!(!engine(None).matches(&patterns));
-        assert!(engine(None).unread());
-        assert!(engine(None).still_matches(&patterns, true));
-        assert!(!engine(None).still_matches(&patterns, false));
-        // A name that was read and no longer matches does not.
-        assert!(!engine(Some("python other.py")).matches(&patterns));
-        assert!(!engine(Some("python other.py")).unread());
-        assert!(!engine(Some("python other.py")).still_matches(&patterns, true));
+        self.thread_time.follow(&watched, plane, &self.shared);
     }
 }

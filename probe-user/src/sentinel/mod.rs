@@ -13,3 +13,5 @@ pub mod iterations;
 pub mod loop_watchdog;
 pub mod lost_records;
 pub mod model_store;
+pub mod processes;
+pub mod thread_time;

@@ -319,20 +319,7 @@ pub fn request_script(
     let mut path = Vec::with_capacity(script_path.len() + 1);
     path.extend_from_slice(script_path.as_bytes());
     path.push(0);
-    let path_addr = offsets.path_addr(tstate);
-    write(
-        mem,
-        path_addr,
-        &path,
-        "the script path (remote_debugger_support.debugger_script_path)",
-    )?;
-    let pending = offsets.pending_addr(tstate);
-    write(
-        mem,
-        pending,
-        &1i32.to_le_bytes(),
-        "remote_debugger_support.debugger_pending_call",
-    )?;
+    set_request(mem, &offsets, tstate, &path, 1)?;
 
     // The target updates eval_breaker with atomic ORs/ANDs; from outside only a read-modify-write is
     // possible, as in CPython. Skipping the write when the bit is already set narrows the window in which a
@@ -389,21 +376,31 @@ pub fn cancel(
     if !pending_in(mem, &offsets, tstate)? {
         return Ok(false);
     }
-    let path_addr = offsets.path_addr(tstate);
+    set_request(mem, &offsets, tstate, &[0], 0)?;
+    Ok(true)
+}
+
+/// Writes the script path's bytes, then the pending-call flag, in that order: the thread never
+/// sees the flag set without its path, and a cleared path (one NUL) is skipped by CPython.
+fn set_request(
+    mem: &impl RemoteMemory,
+    offsets: &DebugOffsets,
+    tstate: u64,
+    path: &[u8],
+    pending: i32,
+) -> Result<(), Pep768Error> {
     write(
         mem,
-        path_addr,
-        &[0],
+        offsets.path_addr(tstate),
+        path,
         "the script path (remote_debugger_support.debugger_script_path)",
     )?;
-    let pending = offsets.pending_addr(tstate);
     write(
         mem,
-        pending,
-        &0i32.to_le_bytes(),
+        offsets.pending_addr(tstate),
+        &pending.to_le_bytes(),
         "remote_debugger_support.debugger_pending_call",
-    )?;
-    Ok(true)
+    )
 }
 
 fn write(
