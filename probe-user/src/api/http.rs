@@ -141,7 +141,7 @@ async fn status(State(app): State<Arc<App>>) -> impl IntoResponse {
 }
 
 async fn alerts(State(app): State<Arc<App>>) -> impl IntoResponse {
-    Json(app.shared.alerts())
+    Json(app.shared.alerts.recent())
 }
 
 async fn deep_dives(State(app): State<Arc<App>>) -> impl IntoResponse {

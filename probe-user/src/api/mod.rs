@@ -1,6 +1,7 @@
-//! What the daemon serves: the state the sentinel and the deep dives publish, Prometheus
-//! metrics, the iteration export, and the HTTP API over them.
+//! What the daemon serves: the state the sentinel and the deep dives publish, the alerts,
+//! Prometheus metrics, the iteration export, and the HTTP API over them.
 
+pub mod alerts;
 pub mod export;
 pub mod http;
 pub mod metrics;

@@ -6,7 +6,7 @@ use log::{info, warn};
 use model::{Iteration, Verdict};
 
 use crate::{
-    api::state::{Alert, Shared},
+    api::{alerts::Alert, state::Shared},
     os::clock::unix_ms,
 };
 
@@ -40,7 +40,7 @@ impl AlertBook {
         }
         if v.alert_started {
             let alert = Alert {
-                id: shared.next_alert_id(self.pid),
+                id: shared.alerts.next_id(self.pid),
                 pid: self.pid,
                 started_unix_ms: unix_ms(),
                 trigger_iteration_end_ns: it.end_ns,
@@ -61,7 +61,7 @@ impl AlertBook {
             );
             m.alerts.with_label_values(&pid).inc();
             m.anomaly_active.with_label_values(&pid).set(1);
-            shared.alert_event("alert_start", &alert);
+            shared.alerts.event("alert_start", &alert);
             self.new = Some(alert.id);
             self.open = Some(alert);
         }
@@ -72,7 +72,7 @@ impl AlertBook {
                     "engine {}: alert {} ended after {} iterations",
                     self.pid, a.id, a.iterations
                 );
-                shared.alert_event("alert_end", &a);
+                shared.alerts.event("alert_end", &a);
             }
             m.anomaly_active.with_label_values(&pid).set(0);
         }
@@ -81,7 +81,7 @@ impl AlertBook {
     /// Shows the open alert's record as it is now among the recent alerts.
     pub fn publish(&self, shared: &Shared) {
         if let Some(a) = &self.open {
-            shared.keep_alert(a);
+            shared.alerts.keep(a);
         }
     }
 
