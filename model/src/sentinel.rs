@@ -24,7 +24,9 @@ pub struct SentinelParams {
     pub detector: DetectorParams,
     /// Healthy iterations collected before the first fit.
     pub warmup_samples: usize,
-    /// Refit after this many new healthy iterations (0: never).
+    /// Refit once the healthy iterations since the last fit are as many as that fit's
+    /// training set (so the set doubles: 1,000, 2,000, 4,000 after a 1,000-sample warm-up),
+    /// and at most after this many (0: never refit).
     pub refit_every: usize,
     /// Training set cap (the most recent healthy iterations).
     pub max_training_samples: usize,
@@ -106,6 +108,8 @@ pub struct Sentinel {
     /// probably already abnormal and never reach the training set.
     pending: VecDeque<Sample>,
     since_fit: usize,
+    /// Samples the current model was fitted on.
+    fitted_on: usize,
     fitting: bool,
 }
 
@@ -120,6 +124,7 @@ impl Sentinel {
             detector: Detector::new(params.detector),
             params,
             fingerprint,
+            fitted_on: baseline.as_ref().map_or(0, |b| b.samples),
             baseline,
             training: VecDeque::new(),
             pending: VecDeque::new(),
@@ -181,21 +186,31 @@ impl Sentinel {
         }
     }
 
-    /// Whether a (re)fit should start now.
+    /// Whether a (re)fit should start now. Refits come sooner while the model was fitted on
+    /// few samples: the first minutes of load do not span the workload the engine settles
+    /// into (contexts grow as requests run), and a tree ensemble does not extrapolate, so a
+    /// model fitted on the warm-up alone predicts the settled load low.
     pub fn fit_due(&self) -> bool {
         if self.fitting || self.detector.active() {
             return false;
         }
         match self.baseline {
             None => self.training.len() >= self.params.warmup_samples,
-            Some(_) => self.params.refit_every > 0 && self.since_fit >= self.params.refit_every,
+            Some(_) => self.params.refit_every > 0 && self.since_fit >= self.next_refit(),
         }
+    }
+
+    /// New healthy iterations after which the next refit is due.
+    fn next_refit(&self) -> usize {
+        let doubled = self.fitted_on.max(self.params.warmup_samples).max(1);
+        self.params.refit_every.min(doubled)
     }
 
     /// Hands out the training set for a fit and marks one as running.
     pub fn take_training(&mut self) -> Vec<Sample> {
         self.fitting = true;
         self.since_fit = 0;
+        self.fitted_on = self.training.len();
         self.training.iter().copied().collect()
     }
 
@@ -314,6 +329,42 @@ mod tests {
         assert!((50..56).contains(&started), "alert at {started}");
         assert!(ended.expect("the alert ends") > 80);
         assert!(!s.alerting());
+    }
+
+    #[test]
+    fn refits_come_as_the_training_set_doubles_then_every_refit_every() {
+        let params = SentinelParams {
+            warmup_samples: 100,
+            refit_every: 500,
+            ..SentinelParams::default()
+        };
+        let mut s = Sentinel::new(params, fp(), None);
+        let mut t = 0;
+        // New healthy iterations until the next fit is due; each fit is installed.
+        let mut until_due = |s: &mut Sentinel| {
+            let mut n = 0;
+            while !s.fit_due() {
+                t += 50_000_000;
+                s.observe(&it(t, (1 + n % 8) as f64, (n * 37 % 300) as f64, 1.0));
+                n += 1;
+                assert!(n <= 10_000, "no fit due");
+            }
+            let data = s.take_training();
+            s.install(Baseline::fit(&data, &params.baseline, fp()).unwrap());
+            n
+        };
+        // The warm-up, then as many again as the model was fitted on (the detector's window of
+        // 10 holds samples back from the training set before they count), then at most 500.
+        let gaps: Vec<u64> = (0..5).map(|_| until_due(&mut s)).collect();
+        assert_eq!(gaps[0], 100, "{gaps:?}");
+        assert!((100..=110).contains(&gaps[1]), "{gaps:?}");
+        assert!((200..=220).contains(&gaps[2]), "{gaps:?}");
+        assert!((400..=420).contains(&gaps[3]), "{gaps:?}");
+        assert!((500..=510).contains(&gaps[4]), "{gaps:?}");
+        // A model loaded from disk counts the samples it was fitted on.
+        let b = s.baseline().unwrap().clone();
+        let loaded = Sentinel::new(params, fp(), Some(b));
+        assert_eq!(loaded.next_refit(), 500);
     }
 
     #[test]
