@@ -152,19 +152,22 @@ fn kernel_runq_share(report: &Value, tid: u32) -> f64 {
     t["runq_wait_ns"].as_f64().unwrap() / report["window_ns"].as_f64().unwrap()
 }
 
+/// `stallscope probe --json` for 1 s (and `extra`) on a one-thread syscall storm.
+fn storm_report(extra: &[&str]) -> Value {
+    let storm = Workload::start(&["syscall-storm", "--threads", "1"]);
+    expect_json(
+        stallscope()
+            .args(["probe", "--pid", &storm.pid().to_string()])
+            .args(["--duration", "1s", "--json"])
+            .args(extra),
+    )
+}
+
 /// Syscall counts, latency totals and send/recv bytes are attributed to the right thread.
 #[test]
 fn syscalls_and_network_bytes_are_counted() {
     require_root();
-    let storm = Workload::start(&["syscall-storm", "--threads", "1"]);
-    let report = expect_json(stallscope().args([
-        "probe",
-        "--pid",
-        &storm.pid().to_string(),
-        "--duration",
-        "1s",
-        "--json",
-    ]));
+    let report = storm_report(&[]);
     let storm_thread = report["threads"]
         .as_array()
         .unwrap()
@@ -215,16 +218,7 @@ fn syscalls_and_network_bytes_are_counted() {
 #[test]
 fn deep_dive_streams_events() {
     require_root();
-    let storm = Workload::start(&["syscall-storm", "--threads", "1"]);
-    let report = expect_json(stallscope().args([
-        "probe",
-        "--pid",
-        &storm.pid().to_string(),
-        "--duration",
-        "1s",
-        "--json",
-        "--deep-dive",
-    ]));
+    let report = storm_report(&["--deep-dive"]);
     let ev = &report["deep_dive"]["events"];
     let (enter, exit) = (
         ev["sys_enter"].as_u64().unwrap(),

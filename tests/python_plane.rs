@@ -230,23 +230,10 @@ fn check_capture(version: &str, mode: &str, min_calls: usize) {
 }
 
 #[test]
-fn captures_every_call_exactly_on_3_10() {
-    check_capture("3.10", "sleep", 300);
-}
-
-#[test]
-fn captures_every_call_exactly_on_3_11() {
-    check_capture("3.11", "sleep", 300);
-}
-
-#[test]
-fn captures_every_call_exactly_on_3_12() {
-    check_capture("3.12", "sleep", 300);
-}
-
-#[test]
-fn captures_every_call_exactly_on_3_13() {
-    check_capture("3.13", "sleep", 300);
+fn captures_every_call_exactly_on_every_supported_version() {
+    for version in VERSIONS {
+        check_capture(version, "sleep", 300);
+    }
 }
 
 /// A target that never sleeps: no thread is parked, so the injector catches one entering a syscall.

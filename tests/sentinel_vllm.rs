@@ -251,6 +251,34 @@ fn parse_export(path: &Path) -> Vec<Row> {
         .collect()
 }
 
+/// How much slower than usual vLLM's own clock must have seen its steps during an alert for
+/// the alert to be explained. The sentinel alerts once the moving mean of E passes the UCL
+/// (at least `theta_min` = 0.15: steps about 1.18 x their prediction); vLLM's logged span
+/// leaves out scheduling and output processing, about 1.5 ms of a 30 ms step.
+const EXPLAINED: f64 = 1.10;
+
+/// Each logged step's time over the median of the steps with the same workload (batch and
+/// tokens) among `lines`; None for workloads seen fewer than 20 times.
+fn own_pace(lines: &[LogIteration]) -> impl Fn(&LogIteration) -> Option<f64> {
+    let mut by_workload: std::collections::BTreeMap<(u64, u64), Vec<f64>> = Default::default();
+    for l in lines {
+        by_workload
+            .entry((l.batch, l.tokens))
+            .or_default()
+            .push(l.elapsed_ms);
+    }
+    let usual: std::collections::BTreeMap<(u64, u64), f64> = by_workload
+        .into_iter()
+        .filter(|(_, v)| v.len() >= 20)
+        .map(|(k, mut v)| (k, percentile(&mut v, 0.5)))
+        .collect();
+    move |l: &LogIteration| {
+        usual
+            .get(&(l.batch, l.tokens))
+            .map(|median| l.elapsed_ms / median)
+    }
+}
+
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     v[((v.len() - 1) as f64 * p).round() as usize]
@@ -383,11 +411,13 @@ fn sentinel_on_real_vllm() {
     let rows_at_fit = parse_export(&dir.join("iterations.csv")).len();
     let log_at_fit = parse_log(&log_path).len();
 
-    // Steady load. The goal is no alert at all; on this shared 2-vCPU host it was not met
-    // (see BENCHMARKS.md: the first fit, from the first 80 s, predicts steady-state steps
-    // 10-20 % low, and the engine has real slowdown episodes). What the test holds: iterations
-    // inside alerts stay under 5 % of the decode iterations of the window (a per-iteration
-    // false-positive rate), and every alert is printed with vLLM's own step times around it.
+    // Steady load. The goal is no false alert. On a shared 2-vCPU host the engine itself slows
+    // by 10-20 % for seconds at a time, and the sentinel rightly flags that; so, as in the toy
+    // engine's test, an alert is false only when the engine's own clock did not see it:
+    // vLLM's logged steps during it were less than EXPLAINED times the window's median for
+    // the same workload. What the test holds: iterations inside false alerts stay under 5 % of
+    // the decode iterations of the window (a per-iteration false-positive rate), and every
+    // alert is printed with vLLM's own pace during it.
     let steady_started = Instant::now();
     wait(
         &format!("{steady_n} decode iterations after the fit"),
@@ -403,30 +433,37 @@ fn sentinel_on_real_vllm() {
     let steady = steady_started.elapsed();
     let alerts: Value = serde_json::from_str(&http_get(port, "/api/v1/alerts")).unwrap();
     let metrics = http_get(port, "/metrics");
-    let timed: Vec<(u64, f64)> = parse_log(&log_path)
-        .iter()
-        .map(|l| (l.unix_s, l.elapsed_ms))
-        .collect();
-    let mut window: Vec<f64> = timed.iter().skip(log_at_fit).map(|(_, ms)| *ms).collect();
+    let timed = parse_log(&log_path);
+    let window_lines = &timed[log_at_fit.min(timed.len())..];
+    let mut window: Vec<f64> = window_lines.iter().map(|l| l.elapsed_ms).collect();
     let steady_median = percentile(&mut window, 0.5);
-    let mut flagged = 0;
+    let pace = own_pace(window_lines);
+    let (mut flagged, mut unexplained) = (0, 0);
     for a in alerts.as_array().unwrap() {
         let from = a["started_unix_ms"].as_u64().unwrap() / 1000 - 2;
         let to = a["ended_unix_ms"]
             .as_u64()
             .map_or(u64::MAX, |e| e / 1000 + 1);
-        let mut during: Vec<f64> = timed
+        let mut during: Vec<f64> = window_lines
             .iter()
-            .filter(|(t, _)| (from..=to).contains(t))
-            .map(|(_, ms)| *ms)
+            .filter(|l| (from..=to).contains(&l.unix_s))
+            .filter_map(&pace)
             .collect();
-        let m = if during.is_empty() {
+        let slowdown = if during.is_empty() {
             f64::NAN
         } else {
             percentile(&mut during, 0.5)
         };
-        flagged += a["iterations"].as_u64().unwrap();
-        println!("alert under steady load: {a}; vLLM's own median step {m:.1} ms vs {steady_median:.1} ms over the window");
+        let iterations = a["iterations"].as_u64().unwrap();
+        flagged += iterations;
+        let explained = slowdown >= EXPLAINED;
+        if !explained {
+            unexplained += iterations;
+        }
+        println!(
+            "alert under steady load ({}): {a}; vLLM's own steps during it {slowdown:.2} x the window's median for their workload (window median {steady_median:.1} ms)",
+            if explained { "explained by the engine's own clock" } else { "false" }
+        );
     }
     let decode_in_window = parse_export(&dir.join("iterations.csv"))[rows_at_fit..]
         .iter()
@@ -443,15 +480,16 @@ fn sentinel_on_real_vllm() {
         steps_per_second(&log_path, 30),
         std::fs::read_to_string(&daemon_log).unwrap_or_default()
     );
-    let rate = flagged as f64 / decode_in_window;
+    let rate = unexplained as f64 / decode_in_window;
     println!(
-        "steady load: {} alerts, {flagged} of {decode_in_window} decode iterations flagged ({:.2} %)",
+        "steady load: {} alerts, {flagged} of {decode_in_window} decode iterations flagged ({:.2} %), {unexplained} in false alerts ({:.2} %)",
         alerts.as_array().unwrap().len(),
+        100.0 * flagged as f64 / decode_in_window,
         100.0 * rate
     );
     assert!(
         rate <= 0.05,
-        "{:.2} % of steady decode iterations flagged",
+        "{:.2} % of steady decode iterations flagged by alerts vLLM's own clock does not explain",
         100.0 * rate
     );
 
