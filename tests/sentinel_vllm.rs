@@ -26,7 +26,7 @@ use std::{
 use serde_json::Value;
 
 mod common;
-use common::{free_port, http_get, require_root, stallscope, start_hog, Proc};
+use common::{free_port, http_get, medians_by, require_root, stallscope, start_hog, Proc};
 
 /// Decode iterations of steady load after the model is fitted: 10,000 (about 10 minutes at
 /// the ~40 ms steps `vllm up` sizes the model for), or STALLSCOPE_VLLM_STEADY_ITERATIONS
@@ -260,18 +260,10 @@ const EXPLAINED: f64 = 1.10;
 /// Each logged step's time over the median of the steps with the same workload (batch and
 /// tokens) among `lines`; None for workloads seen fewer than 20 times.
 fn own_pace(lines: &[LogIteration]) -> impl Fn(&LogIteration) -> Option<f64> {
-    let mut by_workload: std::collections::BTreeMap<(u64, u64), Vec<f64>> = Default::default();
-    for l in lines {
-        by_workload
-            .entry((l.batch, l.tokens))
-            .or_default()
-            .push(l.elapsed_ms);
-    }
-    let usual: std::collections::BTreeMap<(u64, u64), f64> = by_workload
-        .into_iter()
-        .filter(|(_, v)| v.len() >= 20)
-        .map(|(k, mut v)| (k, percentile(&mut v, 0.5)))
-        .collect();
+    let usual = medians_by(
+        lines.iter().map(|l| ((l.batch, l.tokens), l.elapsed_ms)),
+        20,
+    );
     move |l: &LogIteration| {
         usual
             .get(&(l.batch, l.tokens))

@@ -57,6 +57,23 @@ pub fn discover(candidates: &[CallStats], min_calls: u64, min_mean_ns: f64) -> O
         .map(|(i, _)| i)
 }
 
+/// Calls a candidate needs in a discovery window, and the shortest mean duration (ns) it may
+/// have (an iteration runs a model forward, not a helper), to be chosen.
+pub const MIN_CALLS: u64 = 20;
+pub const MIN_MEAN_NS: f64 = 5e5;
+
+/// [`discover`] with [`MIN_CALLS`] and [`MIN_MEAN_NS`] over each function's call durations
+/// (ns), in the order given: the chosen function's statistics.
+pub fn discover_in<'a>(
+    durations: impl IntoIterator<Item = (&'a str, &'a [u64])>,
+) -> Option<CallStats> {
+    let mut stats: Vec<CallStats> = durations
+        .into_iter()
+        .map(|(f, d)| CallStats::from_durations(f, d))
+        .collect();
+    discover(&stats, MIN_CALLS, MIN_MEAN_NS).map(|i| stats.swap_remove(i))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,5 +91,15 @@ mod tests {
         let all = [handler, helper, step, load];
         assert_eq!(discover(&all, 20, 1_000_000.0), Some(2));
         assert_eq!(discover(&all[..1], 200, 1_000_000.0), None);
+        // The same choice from raw durations with the default thresholds.
+        let erratic_ref = &erratic[..];
+        let found = discover_in([
+            ("m:handle", erratic_ref),
+            ("m:helper", &[2_000; 1000][..]),
+            ("m:step", &[30_000_000; 100][..]),
+            ("m:load", &[900_000_000; 2][..]),
+        ]);
+        assert_eq!(found.map(|s| s.func), Some("m:step".to_string()));
+        assert!(discover_in([("m:helper", &[2_000; 1000][..])]).is_none());
     }
 }

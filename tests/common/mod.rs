@@ -240,6 +240,26 @@ pub fn toy_steps_between(times: &Path, from_ns: u64, to_ns: u64) -> usize {
         .count()
 }
 
+/// The median of the values of each key seen at least `min_count` times: an engine's usual
+/// step time per workload, against which its own clock shows a slowdown.
+pub fn medians_by<K: Ord>(
+    pairs: impl IntoIterator<Item = (K, f64)>,
+    min_count: usize,
+) -> std::collections::BTreeMap<K, f64> {
+    let mut by_key: std::collections::BTreeMap<K, Vec<f64>> = Default::default();
+    for (k, v) in pairs {
+        by_key.entry(k).or_default().push(v);
+    }
+    by_key
+        .into_iter()
+        .filter(|(_, v)| v.len() >= min_count)
+        .map(|(k, mut v)| {
+            v.sort_by(f64::total_cmp);
+            (k, v[v.len() / 2])
+        })
+        .collect()
+}
+
 /// How much slower than usual the toy engine's own clock saw its `steps` steps that ended by
 /// `end_ns` (CLOCK_MONOTONIC, as the probes' timestamps): their wall time over the median wall
 /// time of steps with the same work, among all it timed (its workloads repeat every 256
@@ -268,17 +288,7 @@ pub fn toy_slowdown(times: &Path, end_ns: u64, steps: usize) -> f64 {
             ))
         })
         .collect();
-    let mut by_work: std::collections::BTreeMap<u64, Vec<f64>> = Default::default();
-    for &(_, wall, work) in &rows {
-        by_work.entry(work).or_default().push(wall);
-    }
-    let usual: std::collections::BTreeMap<u64, f64> = by_work
-        .into_iter()
-        .map(|(work, mut walls)| {
-            walls.sort_by(f64::total_cmp);
-            (work, walls[walls.len() / 2])
-        })
-        .collect();
+    let usual = medians_by(rows.iter().map(|&(_, wall, work)| (work, wall)), 1);
     // The toy stamps a step's end after the probe does.
     let upto = rows.partition_point(|r| r.0 <= end_ns + 1_000_000);
     let chosen = &rows[upto.saturating_sub(steps)..upto];

@@ -90,11 +90,7 @@ pub fn anchor(c: &Collected) -> Option<String> {
             .or_default()
             .push(call.end_ns.saturating_sub(call.start_ns));
     }
-    let stats: Vec<model::anchor::CallStats> = by_func
-        .iter()
-        .map(|(f, d)| model::anchor::CallStats::from_durations(f, d))
-        .collect();
-    model::anchor::discover(&stats, 20, 500_000.0).map(|i| stats[i].func.clone())
+    model::anchor::discover_in(by_func.iter().map(|(f, d)| (*f, d.as_slice()))).map(|s| s.func)
 }
 
 #[cfg(test)]

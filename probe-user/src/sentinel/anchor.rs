@@ -8,21 +8,13 @@ use std::{
 };
 
 use log::info;
-use model::{
-    anchor::{discover, CallStats},
-    Iteration,
-};
+use model::{anchor::discover_in, Iteration};
 use pyframe_tracer::{profiles::IterationFields, Call};
 
 use super::iterations::Assembler;
 
 /// How long an engine without a profile anchor is watched before the anchor is chosen.
-pub const DISCOVERY_WINDOW: Duration = Duration::from_secs(10);
-
-/// Calls a candidate needs in the window, and the shortest mean duration (ns) it may have (an
-/// iteration runs a model forward, not a helper), to be chosen.
-const MIN_CALLS: u64 = 20;
-const MIN_MEAN_NS: f64 = 5e5;
+const DISCOVERY_WINDOW: Duration = Duration::from_secs(10);
 
 /// The anchor of one engine.
 pub enum Anchor {
@@ -91,21 +83,18 @@ impl Anchor {
         if since.elapsed() < DISCOVERY_WINDOW {
             return;
         }
-        let stats: Vec<CallStats> = seen
-            .iter()
-            .map(|(f, d)| CallStats::from_durations(f, d))
-            .collect();
+        let found = discover_in(seen.iter().map(|(f, d)| (f.as_str(), d.as_slice())));
         let fields = std::mem::take(fields);
-        *self = match discover(&stats, MIN_CALLS, MIN_MEAN_NS) {
-            Some(i) => {
+        *self = match found {
+            Some(s) => {
                 info!(
                     "engine {pid}: anchor discovered: {} ({} calls, mean {:.1} ms, cv {:.2})",
-                    stats[i].func,
-                    stats[i].calls,
-                    stats[i].mean_ns / 1e6,
-                    stats[i].cv
+                    s.func,
+                    s.calls,
+                    s.mean_ns / 1e6,
+                    s.cv
                 );
-                Anchor::Known(Assembler::new(&stats[i].func, fields))
+                Anchor::Known(Assembler::new(&s.func, fields))
             }
             None => Anchor::discovering(fields),
         };
