@@ -15,7 +15,7 @@ use serde_json::Value;
 mod common;
 use common::{
     expect_failure, python_check, require_root, stallscope, start_engine, start_hog,
-    start_timed_engine, tmpdir, toy_steps_between, TOY_HOG_SPIN,
+    start_timed_engine, tmpdir, toy_steps_between, TOY_HOG,
 };
 
 const STEP: &str = "__main__:Engine.step";
@@ -80,7 +80,7 @@ fn trace_is_valid_aligned_and_a_cpu_hog_ranks_first() {
     // The hog starts inside the deep-dive window (after the 3 s reference).
     let reference_ns = window_open(&dir, "normal reference");
     let split_ns = window_open(&dir, "deep-dive");
-    let hog = start_hog("0", TOY_HOG_SPIN);
+    let hog = start_hog("0", TOY_HOG);
     let status = dd.wait().unwrap();
     drop(hog);
     assert!(status.success(), "deep-dive failed: {status}");

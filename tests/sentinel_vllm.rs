@@ -26,7 +26,7 @@ use std::{
 use serde_json::Value;
 
 mod common;
-use common::{free_port, http_get, medians_by, require_root, stallscope, start_hog, Proc};
+use common::{free_port, http_get, medians_by, require_root, stallscope, start_hog, Hog, Proc};
 
 /// Decode iterations of steady load after the model is fitted: 10,000 (about 10 minutes at
 /// the ~40 ms steps `vllm up` sizes the model for), or STALLSCOPE_VLLM_STEADY_ITERATIONS
@@ -623,7 +623,10 @@ fn sentinel_on_real_vllm() {
         .as_f64()
         .unwrap_or(40.0)
         .clamp(10.0, 100.0);
-    let hog = start_hog(&cpus, Duration::from_secs_f64(spin_ms / 1e3));
+    let hog = start_hog(
+        &cpus,
+        Hog::two_thirds(Duration::from_secs_f64(spin_ms / 1e3)),
+    );
     let t = Instant::now();
     let status_at_hog = http_get(port, "/api/v1/status");
     let hog_alert = || {

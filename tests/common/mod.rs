@@ -204,8 +204,16 @@ pub fn tmpdir(name: &str) -> PathBuf {
     d
 }
 
-/// The hog's spin for the toy engine, whose steps take about 3 ms ([`start_hog`]).
-pub const TOY_HOG_SPIN: Duration = Duration::from_millis(2);
+/// The hog for the toy engine, whose steps take about 5 ms: it takes eight ninths of CPU 0, so
+/// the toy's steps run several times slower than the baseline predicts. The sentinel's error
+/// is `1 - predicted / actual` and its UCL at most 0.5, so an alert needs steps more than
+/// twice their prediction, including on a noisy host whose training set already holds slow
+/// steps (there the fitted UCL sits at its 0.5 cap and the prediction runs high: a hog taking
+/// two thirds stretched the steps too little to cross it).
+pub const TOY_HOG: Hog = Hog {
+    spin: Duration::from_millis(2),
+    sleep: Duration::from_micros(250),
+};
 
 /// The toy engine, pinned to CPU 0.
 pub fn start_engine() -> Proc {
@@ -297,21 +305,38 @@ pub fn toy_slowdown(times: &Path, end_ns: u64, steps: usize) -> f64 {
     wall / expected
 }
 
-/// A CPU hog on `cpus` that takes two thirds of each CPU: spins for `spin`, sleeps half as
-/// long. Pick `spin` near the engine's step time so that every step is stretched (the toy
-/// engine: 2 ms; vLLM: 40 ms): the sentinel's error is bounded below 1 per step, so a hog that
-/// stretches one step in many moves the moving mean little.
+/// A CPU hog's duty cycle: it spins for `spin`, then sleeps for `sleep`, taking
+/// `spin / (spin + sleep)` of each CPU it runs on. Pick `spin` near the engine's step time so
+/// that every step is stretched: the sentinel's error is bounded below 1 per step, so a hog
+/// that stretches one step in many moves the moving mean little.
+#[derive(Debug, Clone, Copy)]
+pub struct Hog {
+    pub spin: Duration,
+    pub sleep: Duration,
+}
+
+impl Hog {
+    /// Two thirds of each CPU: spins for `spin`, sleeps half as long.
+    pub fn two_thirds(spin: Duration) -> Hog {
+        Hog {
+            spin,
+            sleep: spin / 2,
+        }
+    }
+}
+
+/// A CPU hog on `cpus` running `hog`'s duty cycle.
 ///
 /// SCHED_FIFO priority 1: on this kind of host (kernel 6.18, EEVDF, autogroup) an ordinary
 /// busy loop hardly slows a thread that sleeps between its steps: the woken thread runs its
 /// step at full speed and only starts it later (measured on the toy engine: median step
 /// unchanged under two busy loops), and a busy loop pinned to vLLM's worker CPU got no CPU
 /// time at all. `timeout` bounds its life.
-pub fn start_hog(cpus: &str, spin: Duration) -> Proc {
+pub fn start_hog(cpus: &str, hog: Hog) -> Proc {
     let script = format!(
         "import time\nwhile True:\n    t = time.monotonic() + {spin}\n    while time.monotonic() < t: pass\n    time.sleep({sleep})\n",
-        spin = spin.as_secs_f64(),
-        sleep = spin.as_secs_f64() / 2.0
+        spin = hog.spin.as_secs_f64(),
+        sleep = hog.sleep.as_secs_f64()
     );
     Proc::spawn(
         Command::new("timeout")
