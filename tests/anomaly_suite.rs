@@ -124,16 +124,22 @@ fn terminate(mut c: Child, after: Duration) -> String {
     finish(c)
 }
 
+/// The fields of `/proc/PID/stat` after the command name: `[0]` is the state, `[7]` minflt,
+/// `[11]` utime, `[12]` stime (proc(5), numbered from 3).
+fn stat_fields(pid: u32) -> Vec<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    stat.rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
 /// CPU seconds `pid` used over `d` (utime + stime).
 fn cpu_rate(pid: u32, d: Duration) -> f64 {
     let read = || -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        let f: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap()
-            .split_whitespace()
-            .collect();
+        let f = stat_fields(pid);
         f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
     };
     let a = read();
@@ -324,14 +330,7 @@ fn memory_fragmentation_churns_the_allocator() {
     let c = inject("memory-fragmentation", None, Some("0.5"), "1500ms", &[]);
     let pid = c.id();
     std::thread::sleep(Duration::from_millis(1000));
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let f: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .collect();
-    let minflt: u64 = f[7].parse().unwrap();
+    let minflt: u64 = stat_fields(pid)[7].parse().unwrap();
     let report = finish(c);
     assert!(minflt > 10_000, "{minflt} minor faults: {report}");
     assert!(report.contains("allocate/free cycles"), "{report}");
@@ -488,16 +487,7 @@ fn process_pause_stops_the_engine_and_always_continues_it() {
     let dir = tmpdir("inject-pause");
     let v = Victim::start(&dir);
     let pid = v.pid();
-    let state = || {
-        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        s.rsplit(')')
-            .next()
-            .unwrap()
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .to_string()
-    };
+    let state = || stat_fields(pid).swap_remove(0);
     let c = inject("process-pause", Some(pid), Some("0.5"), "2s", &[]);
     std::thread::sleep(Duration::from_millis(200));
     let mut stopped = 0;

@@ -423,44 +423,40 @@ fn blocked_main_thread_is_reported_and_the_request_cancelled() {
     assert!(target.alive());
 }
 
+/// Processes the probe cannot attach to at all: each gets one error saying why.
 #[test]
-fn error_not_a_python_process() {
+fn attach_refuses_processes_it_cannot_probe() {
     require_root();
-    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
-    let err = expect_failure(stallscope().args([
-        "probe",
-        "--pid",
-        &sleeper.id().to_string(),
-        "--watch",
-        SPEC,
-    ]));
-    let _ = sleeper.kill();
-    let _ = sleeper.wait();
-    assert!(err.contains("is not a Python process"), "{err}");
-}
-
-#[test]
-fn error_unsupported_python_version() {
-    require_root();
-    let old = python("3.9").parent().unwrap().join("python3.9");
-    let mut child = Command::new(old)
-        .args(["-c", "import time; time.sleep(30)"])
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let err = expect_failure(stallscope().args([
-        "probe",
-        "--pid",
-        &child.id().to_string(),
-        "--watch",
-        SPEC,
-    ]));
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(
-        err.contains("runs CPython 3.9") && err.contains("does not support"),
-        "{err}"
-    );
+    let mut not_python = Command::new("sleep");
+    not_python.arg("30");
+    let mut old_python = Command::new(python("3.9").parent().unwrap().join("python3.9"));
+    old_python.args(["-c", "import time; time.sleep(30)"]);
+    let cases: [(&str, Command, &[&str]); 2] = [
+        ("not Python", not_python, &["is not a Python process"]),
+        (
+            "CPython 3.9",
+            old_python,
+            &["runs CPython 3.9", "does not support"],
+        ),
+    ];
+    for (case, mut cmd, says) in cases {
+        let mut child = cmd.spawn().unwrap();
+        // Let the interpreter map its library.
+        std::thread::sleep(Duration::from_millis(300));
+        let err = expect_failure(stallscope().args([
+            "probe",
+            "--pid",
+            &child.id().to_string(),
+            "--watch",
+            SPEC,
+        ]));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            says.iter().all(|s| err.contains(s)),
+            "{case}: the error does not say {says:?}: {err}"
+        );
+    }
 }
 
 /// An attach that must fail: the target, what is done to it before and after, and what the

@@ -93,48 +93,22 @@ struct LogIteration {
     unix_s: u64,
 }
 
-/// Days from 1970-01-01 to a civil date (proleptic Gregorian).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// Every iteration line of the log. The log stamps `MM-DD HH:MM:SS` in local time, which is
-/// UTC on the test machines, without a year: the current one.
+/// Every iteration line of the log, stamped in seconds since the epoch.
 fn parse_log(path: &Path) -> Vec<LogIteration> {
-    let text = std::fs::read_to_string(path).unwrap();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64;
-    let year = (1970..3000)
-        .take_while(|y| days_from_civil(*y, 1, 1) * 86_400 <= now)
-        .last()
-        .unwrap();
-    text.lines()
-        .filter_map(|l| {
-            let rest = &l[l.find("Iteration(")? + "Iteration(".len()..];
-            let (index, rest) = rest.split_once("): ")?;
-            let nums: Vec<f64> = rest
-                .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-                .filter(|s| !s.is_empty() && *s != ".")
-                .filter_map(|s| s.parse().ok())
-                .collect();
-            let stamp = l.split(" INFO ").nth(1)?.get(..14)?;
-            let n = |r: std::ops::Range<usize>| stamp.get(r)?.parse::<i64>().ok();
-            let days = days_from_civil(year, n(0..2)?, n(3..5)?);
-            let secs = days * 86_400 + n(6..8)? * 3600 + n(9..11)? * 60 + n(12..14)?;
-            // context requests, context tokens, generation requests, generation tokens, elapsed ms, ...
+    let year = vllm_log::year_of(now);
+    vllm_log::parse(&std::fs::read_to_string(path).unwrap())
+        .into_iter()
+        .filter_map(|it| {
             Some(LogIteration {
-                index: index.parse().ok()?,
-                batch: (nums[0] + nums[2]) as u64,
-                tokens: (nums[1] + nums[3]) as u64,
-                elapsed_ms: nums[4],
-                unix_s: secs as u64,
+                index: it.index,
+                batch: it.batch(),
+                tokens: it.tokens(),
+                elapsed_ms: it.elapsed_ms,
+                unix_s: it.stamp?.unix_s(year) as u64,
             })
         })
         .collect()

@@ -54,42 +54,55 @@ pub fn queue(
     build: impl Fn(u64, u64) -> String,
 ) -> Result<(Queued, QueueCost)> {
     check_running(pid)?;
+    let queued = match rt.delivery() {
+        crate::python::Delivery::Pep768 => queue_script(pid, rt, script, &build),
+        crate::python::Delivery::PendingCall => queue_pending_call(pid, rt, options, &build),
+    };
     // A target that exits midway makes its maps, symbols or memory unreadable: say that it
     // exited rather than what could not be read.
-    queue_running(pid, rt, options, script, build).map_err(|e| match check_running(pid) {
+    queued.map_err(|e| match check_running(pid) {
         Err(Error::TargetExited(_) | Error::NoSuchProcess(_)) => Error::TargetExited(pid),
         _ => e,
     })
 }
 
-fn queue_running(
+/// 3.14+: writes the source to `script` (inside the target's root) and asks the interpreter
+/// to run it at its next safe point (PEP 768); the target's threads are never stopped.
+fn queue_script(
     pid: i32,
     rt: &PythonRuntime,
-    options: Options,
     script: &str,
     build: impl Fn(u64, u64) -> String,
 ) -> Result<(Queued, QueueCost)> {
-    if rt.delivery() == crate::python::Delivery::Pep768 {
-        let line = build(0, 0);
-        let host = std::path::PathBuf::from(format!("/proc/{pid}/root{script}"));
-        std::fs::write(&host, line.as_bytes())
-            .map_err(|e| Error::io(format!("writing {}", host.display()), e))?;
-        let runtime = rt
-            .py_runtime
-            .expect("python::find checks _PyRuntime on 3.14+");
-        let tstate =
-            pep768::request_script(&ProcessMemory::new(pid), runtime, script).map_err(|e| {
-                let _ = std::fs::remove_file(&host);
-                Error::from(e)
-            })?;
-        return Ok((
-            Queued::Pep768 {
-                tstate,
-                script: host,
-            },
-            QueueCost::default(),
-        ));
-    }
+    let line = build(0, 0);
+    let host = std::path::PathBuf::from(format!("/proc/{pid}/root{script}"));
+    std::fs::write(&host, line.as_bytes())
+        .map_err(|e| Error::io(format!("writing {}", host.display()), e))?;
+    let runtime = rt
+        .py_runtime
+        .expect("python::find checks _PyRuntime on 3.14+");
+    let tstate =
+        pep768::request_script(&ProcessMemory::new(pid), runtime, script).map_err(|e| {
+            let _ = std::fs::remove_file(&host);
+            Error::from(e)
+        })?;
+    Ok((
+        Queued::Pep768 {
+            tstate,
+            script: host,
+        },
+        QueueCost::default(),
+    ))
+}
+
+/// Before 3.14: maps a region in the target for the source and queues
+/// `PyRun_SimpleString(region)` with `Py_AddPendingCall`, from a borrowed thread.
+fn queue_pending_call(
+    pid: i32,
+    rt: &PythonRuntime,
+    options: Options,
+    build: impl Fn(u64, u64) -> String,
+) -> Result<(Queued, QueueCost)> {
     let libc = libc_symbol(pid, "mmap")?;
     let size = (build(u64::MAX, u64::MAX).len() as u64 + 1).div_ceil(PAGE) * PAGE;
     let mut thread = remote_call::borrow_thread(pid, options)?;

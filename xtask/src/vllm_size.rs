@@ -183,20 +183,10 @@ impl Cpu {
 /// The median elapsed ms of vLLM's logged decode steps at batch 8 (no prefill in the step) in
 /// `log` (`--enable-logging-iteration-details` lines), and how many there were.
 pub fn decode_step_b8(log: &str) -> Option<(f64, usize)> {
-    let mut ms: Vec<f64> = log
-        .lines()
-        .filter_map(|l| {
-            let rest = &l[l.find("Iteration(")?..];
-            let (_, rest) = rest.split_once("): ")?;
-            // context requests, context tokens, generation requests, generation tokens,
-            // elapsed ms, ...
-            let nums: Vec<f64> = rest
-                .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-                .filter(|s| !s.is_empty() && *s != ".")
-                .filter_map(|s| s.parse().ok())
-                .collect();
-            (nums.len() >= 5 && nums[0] == 0.0 && nums[2] == 8.0).then_some(nums[4])
-        })
+    let mut ms: Vec<f64> = vllm_log::parse(log)
+        .iter()
+        .filter(|it| it.context_requests == 0 && it.generation_requests == 8)
+        .map(|it| it.elapsed_ms)
         .collect();
     if ms.is_empty() {
         return None;

@@ -105,15 +105,8 @@ async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
 }
 
 async fn status(State(app): State<Arc<App>>) -> impl IntoResponse {
-    let engines: Vec<_> = app
-        .shared
-        .engines
-        .lock()
-        .expect("status lock")
-        .values()
-        .cloned()
-        .collect();
-    let attach_errors = app.shared.attach_errors.lock().expect("lock").clone();
+    let engines = app.shared.engines.statuses();
+    let attach_errors = app.shared.engines.attach_errors();
     let capture = app
         .shared
         .deep_dive
@@ -234,14 +227,7 @@ async fn start_deep_dive(State(app): State<Arc<App>>, headers: HeaderMap, body: 
         Some(Ok(d)) => d,
         Some(Err(e)) => return refuse(StatusCode::BAD_REQUEST, e),
     };
-    let engines: Vec<u32> = app
-        .shared
-        .engines
-        .lock()
-        .expect("status lock")
-        .keys()
-        .copied()
-        .collect();
+    let engines = app.shared.engines.pids();
     let pid = match (body.pid, engines.as_slice()) {
         (Some(p), _) if engines.contains(&p) => p,
         (Some(p), _) => {

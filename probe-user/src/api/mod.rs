@@ -2,6 +2,7 @@
 //! Prometheus metrics, the iteration export, and the HTTP API over them.
 
 pub mod alerts;
+pub mod board;
 pub mod export;
 pub mod http;
 pub mod metrics;

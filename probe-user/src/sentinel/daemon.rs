@@ -10,13 +10,14 @@ use std::{
         atomic::{AtomicBool, Ordering},
         Arc,
     },
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use anyhow::{bail, Result};
 use log::{info, warn};
 
 use super::{
+    attacher::Attacher,
     dives::Dives,
     engine::Engine,
     loop_watchdog::{self, Marker, Phase},
@@ -32,9 +33,6 @@ use crate::{
     },
     os::procfs,
 };
-
-/// Wait before retrying an engine that could not be attached.
-const ATTACH_RETRY: Duration = Duration::from_secs(10);
 
 /// Runs the daemon until SIGINT or SIGTERM.
 pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
@@ -54,8 +52,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         cfg,
         shared: shared.clone(),
         engines: BTreeMap::new(),
-        retry_at: BTreeMap::new(),
-        attaching: BTreeMap::new(),
+        attacher: Attacher::new(&cfg.sentinel, &cfg.state.dir),
         kernel_only: BTreeSet::new(),
         thread_time: ThreadTime::default(),
     };
@@ -129,11 +126,8 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         std::thread::sleep(cfg.sentinel.poll_interval);
     }
     dives.stop(&mut daemon.engines, &mut plane, &daemon.mark);
-    for (pid, a) in std::mem::take(&mut daemon.attaching) {
-        if let Ok(Ok(e)) = a.join() {
-            daemon.engines.insert(pid, e);
-        }
-    }
+    let attached = daemon.attacher.join_all();
+    daemon.engines.extend(attached);
     for pid in daemon.engines.keys().copied().collect::<Vec<_>>() {
         daemon.remove_engine(pid);
     }
@@ -154,12 +148,7 @@ struct Daemon<'a> {
     mark: Marker,
     shared: Arc<Shared>,
     engines: BTreeMap<u32, Engine>,
-    /// Engines that failed to attach, and when to try again.
-    retry_at: BTreeMap<u32, Instant>,
-    /// Attaches in progress, each on a thread of its own: an attach waits for the engine's
-    /// main thread to reach a safe point (seconds for an engine that sits in a C call), and
-    /// the loop keeps serving the other engines meanwhile.
-    attaching: BTreeMap<u32, std::thread::JoinHandle<Result<Engine>>>,
+    attacher: Attacher,
     /// Pids given with --pid that are not Python: watched by the kernel plane only.
     kernel_only: BTreeSet<u32>,
     /// The kernel plane's watched processes and their threads' series.
@@ -177,44 +166,10 @@ fn is_not_python(e: &anyhow::Error) -> bool {
 }
 
 impl Daemon<'_> {
-    /// Takes in the outcome of an engine's attach.
-    fn attached(&mut self, pid: u32, attached: Result<Engine>) {
-        match attached {
-            Ok(e) => {
-                self.retry_at.remove(&pid);
-                self.shared.attach_errors.lock().expect("lock").remove(&pid);
-                self.engines.insert(pid, e);
-            }
-            Err(e) => {
-                warn!("{e:#} (retrying in {ATTACH_RETRY:?})");
-                self.shared
-                    .attach_errors
-                    .lock()
-                    .expect("lock")
-                    .insert(pid, format!("{e:#}"));
-                self.retry_at.insert(pid, Instant::now() + ATTACH_RETRY);
-            }
-        }
-    }
-
-    /// Takes in the attaches that have finished.
+    /// Takes in the engines whose attach has finished.
     fn take_attached(&mut self) {
-        let finished: Vec<u32> = self
-            .attaching
-            .iter()
-            .filter(|(_, a)| a.is_finished())
-            .map(|(pid, _)| *pid)
-            .collect();
-        for pid in finished {
-            let attached = match self.attaching.remove(&pid).map(|a| a.join()) {
-                Some(Ok(r)) => r,
-                Some(Err(_)) => Err(anyhow::anyhow!(
-                    "attaching engine pid {pid}: the thread panicked"
-                )),
-                None => continue,
-            };
-            self.attached(pid, attached);
-        }
+        let attached = self.attacher.finished(&self.shared.engines);
+        self.engines.extend(attached);
     }
 
     /// Detaches an engine and removes its status and series.
@@ -264,29 +219,14 @@ impl Daemon<'_> {
         }
         for &pid in &engines {
             if self.engines.contains_key(&pid)
-                || self.attaching.contains_key(&pid)
                 || self.kernel_only.contains(&pid)
-                || self.retry_at.get(&pid).is_some_and(|t| Instant::now() < *t)
+                || !self.attacher.may_start(pid)
             {
                 continue;
             }
-            let (sentinel, state_dir) = (self.cfg.sentinel.clone(), self.cfg.state.dir.clone());
-            match std::thread::Builder::new()
-                .name("stallscope-attach".into())
-                .spawn(move || Engine::attach(pid, &sentinel, &state_dir))
-            {
-                Ok(a) => {
-                    self.attaching.insert(pid, a);
-                }
-                Err(e) => self.attached(pid, Err(e.into())),
-            }
+            self.attacher.start(pid, &self.shared.engines);
         }
-        self.retry_at.retain(|p, _| engines.contains(p));
-        self.shared
-            .attach_errors
-            .lock()
-            .expect("lock")
-            .retain(|p, _| engines.contains(p));
+        self.attacher.keep_only(&engines, &self.shared.engines);
         self.thread_time.follow(&watched, plane, &self.shared);
     }
 }

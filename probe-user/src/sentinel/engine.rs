@@ -19,7 +19,7 @@ use super::{
 };
 use crate::{
     api::export::IterationCsv,
-    api::state::{EngineStatus, Shared},
+    api::{board::EngineStatus, state::Shared},
     config::SentinelConfig,
     deep_dive::capture::PythonSource,
     gpu_plane::GpuEvent,
@@ -272,20 +272,12 @@ impl Engine {
             gpu_iterations: self.gpu.iterations(),
             gpu_void_ratio: self.gpu.mean_void(),
         };
-        shared
-            .engines
-            .lock()
-            .expect("status lock")
-            .insert(self.pid, status);
+        shared.engines.publish(status);
     }
 
     /// Restores the engine (unless it is gone) and removes its series.
     pub fn detach(self, shared: &Shared, threads: &[(String, String)]) {
-        shared
-            .engines
-            .lock()
-            .expect("status lock")
-            .remove(&self.pid);
+        shared.engines.withdraw(self.pid);
         shared
             .metrics
             .forget_engine(&self.pid_label, &self.framework, threads);

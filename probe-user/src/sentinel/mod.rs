@@ -5,6 +5,7 @@
 
 pub mod alert_book;
 pub mod anchor;
+pub mod attacher;
 pub mod daemon;
 pub mod dives;
 pub mod engine;
