@@ -26,6 +26,49 @@ pub struct Config {
     /// Deep dives taken by the daemon (on alerts and over HTTP).
     #[serde(default)]
     pub deep_dive: DeepDiveConfig,
+    /// Where pod and container names come from.
+    #[serde(default)]
+    pub pods: PodsConfig,
+}
+
+/// Pod identity: the ids come from each process's cgroup; the names from here.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PodsConfig {
+    /// `kubelet` (the node's pod list at `kubelet_url`) or `none` (ids only).
+    pub names: String,
+    /// The kubelet's read-only pod list; the `STALLSCOPE_KUBELET_URL` environment variable,
+    /// when set, overrides it (a DaemonSet sets it from the node's IP).
+    pub kubelet_url: String,
+    /// Bound of one pod-list request.
+    #[serde(with = "duration_text")]
+    pub timeout: Duration,
+}
+
+impl Default for PodsConfig {
+    fn default() -> Self {
+        Self {
+            names: "kubelet".into(),
+            kubelet_url: "http://127.0.0.1:10255/pods".into(),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl PodsConfig {
+    /// The name source these settings choose.
+    pub fn source(&self) -> Result<pod_identity::NameSource> {
+        match self.names.as_str() {
+            "none" => Ok(pod_identity::NameSource::None),
+            "kubelet" => {
+                let url = std::env::var("STALLSCOPE_KUBELET_URL")
+                    .unwrap_or_else(|_| self.kubelet_url.clone());
+                pod_identity::split_http_url(&url).map_err(|e| anyhow::anyhow!("pods.{e}"))?;
+                Ok(pod_identity::NameSource::Kubelet { url })
+            }
+            other => bail!("pods.names must be \"kubelet\" or \"none\", not {other:?}"),
+        }
+    }
 }
 
 /// Deep dives taken by the daemon: policy, what they capture, their bounds.
@@ -333,6 +376,10 @@ impl Config {
         }
         s.watch_specs()?;
         self.deep_dive.validate()?;
+        self.pods.source()?;
+        if self.pods.timeout.is_zero() {
+            bail!("pods.timeout must be above zero (such as \"2s\")");
+        }
         if s.framework != "auto" {
             pyframe_tracer::profiles::by_name(&s.framework)
                 .map_err(|e| anyhow::anyhow!("sentinel.framework: {e}"))?;

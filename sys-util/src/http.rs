@@ -1,6 +1,6 @@
-//! A loopback HTTP/1.0 client: one request per connection, the whole answer read until the
-//! server closes it. Enough for the daemon's API and an engine's OpenAI endpoint, which is all
-//! stallscope's tools and tests talk to.
+//! A plain HTTP/1.0 client: one request per connection, the whole answer read until the
+//! server closes it. Enough for the daemon's API, an engine's OpenAI endpoint and a kubelet's
+//! read-only pod list, which is all stallscope's tools and tests talk to.
 
 use std::{
     io::{self, Read, Write},
@@ -26,13 +26,25 @@ pub fn request(
     timeout: Duration,
 ) -> io::Result<Response> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    request_to(addr, method, path, headers, body, timeout)
+}
+
+/// `method path` on `addr`, as [`request`].
+pub fn request_to(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+    timeout: Duration,
+) -> io::Result<Response> {
     let mut s = TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     // One write: a request split over several segments may reach a server that answers
     // after its first read.
     let head = format!(
-        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n{headers}Content-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{headers}Content-Length: {}\r\n\r\n",
         body.len()
     );
     s.write_all([head.as_bytes(), body.as_bytes()].concat().as_slice())?;

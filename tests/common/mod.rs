@@ -12,6 +12,8 @@ use std::{
 
 use sys_util::process::Group;
 
+pub mod daemon;
+
 /// The stallscope binary (`cargo xtask test` builds it and sets STALLSCOPE_BIN).
 pub fn stallscope() -> Command {
     let bin = std::env::var_os("STALLSCOPE_BIN")

@@ -11,6 +11,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
+use pod_identity::Identity;
 use serde::Serialize;
 
 /// Alerts kept for `/api/v1/alerts`.
@@ -23,6 +24,8 @@ pub struct Alert {
     pub id: u64,
     /// The engine process.
     pub pid: u32,
+    /// The engine's pod and container.
+    pub identity: Identity,
     /// Wall-clock start, ms since the epoch.
     pub started_unix_ms: u64,
     /// CLOCK_MONOTONIC end of the iteration that crossed the UCL, ns.

@@ -6,6 +6,7 @@ use std::{
     sync::Mutex,
 };
 
+use pod_identity::Identity;
 use serde::Serialize;
 
 /// What `/api/v1/status` reports per engine.
@@ -13,6 +14,8 @@ use serde::Serialize;
 pub struct EngineStatus {
     /// Engine pid.
     pub pid: u32,
+    /// Its pod and container.
+    pub identity: Identity,
     /// Profile applied.
     pub framework: String,
     /// CPython version.

@@ -1,12 +1,64 @@
 //! The Prometheus metrics `stallscope run` serves on `/metrics`.
 
+use std::sync::Arc;
+
+use pod_identity::Identity;
 use prometheus::{
     exponential_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-/// Every metric, registered in one registry. Labels: `pid` (the engine process), `stage`
-/// (`prefill`, `decode`, `mixed`), `tid`/`comm` (engine threads).
+/// The labels of every per-process series: the process, and its place in the cluster (empty
+/// outside pods): the pod's namespace and name, the container's name, the pod UID, the
+/// container id and the process's pid inside its PID namespace.
+pub const PROCESS_LABELS: [&str; 7] = [
+    "pid",
+    "namespace",
+    "pod",
+    "container",
+    "pod_uid",
+    "container_id",
+    "container_pid",
+];
+
+/// One process's values of [`PROCESS_LABELS`].
+#[derive(Debug, Clone)]
+pub struct ProcessLabels(Arc<[String; 7]>);
+
+impl ProcessLabels {
+    /// The labels of `pid`, placed by `id`.
+    pub fn new(pid: u32, id: &Identity) -> Self {
+        let s = |v: &Option<String>| v.clone().unwrap_or_default();
+        ProcessLabels(Arc::new([
+            pid.to_string(),
+            s(&id.namespace),
+            s(&id.pod),
+            s(&id.container),
+            s(&id.pod_uid),
+            s(&id.container_id),
+            id.pid_in_container
+                .map(|p| p.to_string())
+                .unwrap_or_default(),
+        ]))
+    }
+
+    /// The values, followed by `extra` (the series' own labels, in the order registered).
+    pub fn with<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        self.0
+            .iter()
+            .map(String::as_str)
+            .chain(extra.iter().copied())
+            .collect()
+    }
+}
+
+/// [`PROCESS_LABELS`] followed by a series' own labels.
+fn process_and(extra: &[&'static str]) -> Vec<&'static str> {
+    PROCESS_LABELS.iter().chain(extra).copied().collect()
+}
+
+/// Every metric, registered in one registry. Labels: [`PROCESS_LABELS`] on every per-process
+/// series, `stage` (`prefill`, `decode`, `mixed`), `tid`/`comm` (engine threads).
 pub struct Metrics {
     registry: Registry,
     /// Engine iterations observed.
@@ -61,7 +113,7 @@ impl Metrics {
                 .expect("metric names are unique");
             m
         }
-        let pid_stage = &["pid", "stage"];
+        let (pid, pid_stage) = (&process_and(&[]), &process_and(&["stage"]));
         Self {
             iterations: reg(r, IntCounterVec::new(opts("iterations_total", "Engine iterations observed"), pid_stage).unwrap()),
             duration: reg(
@@ -74,18 +126,18 @@ impl Metrics {
                 )
                 .unwrap(),
             ),
-            predicted: reg(r, GaugeVec::new(opts("iteration_predicted_seconds", "Baseline prediction of the last modelled iteration"), &["pid"]).unwrap()),
-            error: reg(r, GaugeVec::new(opts("prediction_error_ratio", "Positive prediction error E = max(0, (y - yhat)/(y + eps)) of the last modelled iteration"), &["pid"]).unwrap()),
-            error_mean: reg(r, GaugeVec::new(opts("prediction_error_moving_mean_ratio", "Moving mean of E over the detector window"), &["pid"]).unwrap()),
-            ucl: reg(r, GaugeVec::new(opts("ucl_ratio", "Upper control limit of the moving mean of E"), &["pid"]).unwrap()),
-            alerts: reg(r, IntCounterVec::new(opts("alerts_total", "Alerts raised"), &["pid"]).unwrap()),
-            anomaly_active: reg(r, IntGaugeVec::new(opts("anomaly_active", "1 while an alert is open"), &["pid"]).unwrap()),
-            model_state: reg(r, IntGaugeVec::new(opts("model_state", "1 for the baseline model's current state"), &["pid", "state"]).unwrap()),
-            training_samples: reg(r, IntGaugeVec::new(opts("model_training_samples", "Healthy iterations held for (re)fitting"), &["pid"]).unwrap()),
-            model_samples: reg(r, IntGaugeVec::new(opts("model_fitted_samples", "Iterations the current baseline was fitted on"), &["pid"]).unwrap()),
-            lost_records: reg(r, IntCounterVec::new(opts("probe_lost_records_total", "Python probe records lost because the ring was full"), &["pid"]).unwrap()),
-            thread_seconds: reg(r, prometheus::CounterVec::new(opts("thread_seconds_total", "Kernel-accounted time of engine threads by state (on_cpu, runqueue_wait, blocked)"), &["pid", "tid", "comm", "state"]).unwrap()),
-            engines: reg(r, IntGaugeVec::new(opts("engines_attached", "1 per engine process the sentinel is attached to"), &["pid", "framework"]).unwrap()),
+            predicted: reg(r, GaugeVec::new(opts("iteration_predicted_seconds", "Baseline prediction of the last modelled iteration"), pid).unwrap()),
+            error: reg(r, GaugeVec::new(opts("prediction_error_ratio", "Positive prediction error E = max(0, (y - yhat)/(y + eps)) of the last modelled iteration"), pid).unwrap()),
+            error_mean: reg(r, GaugeVec::new(opts("prediction_error_moving_mean_ratio", "Moving mean of E over the detector window"), pid).unwrap()),
+            ucl: reg(r, GaugeVec::new(opts("ucl_ratio", "Upper control limit of the moving mean of E"), pid).unwrap()),
+            alerts: reg(r, IntCounterVec::new(opts("alerts_total", "Alerts raised"), pid).unwrap()),
+            anomaly_active: reg(r, IntGaugeVec::new(opts("anomaly_active", "1 while an alert is open"), pid).unwrap()),
+            model_state: reg(r, IntGaugeVec::new(opts("model_state", "1 for the baseline model's current state"), &process_and(&["state"])).unwrap()),
+            training_samples: reg(r, IntGaugeVec::new(opts("model_training_samples", "Healthy iterations held for (re)fitting"), pid).unwrap()),
+            model_samples: reg(r, IntGaugeVec::new(opts("model_fitted_samples", "Iterations the current baseline was fitted on"), pid).unwrap()),
+            lost_records: reg(r, IntCounterVec::new(opts("probe_lost_records_total", "Python probe records lost because the ring was full"), pid).unwrap()),
+            thread_seconds: reg(r, prometheus::CounterVec::new(opts("thread_seconds_total", "Kernel-accounted time of engine threads by state (on_cpu, runqueue_wait, blocked)"), &process_and(&["tid", "comm", "state"])).unwrap()),
+            engines: reg(r, IntGaugeVec::new(opts("engines_attached", "1 per engine process the sentinel is attached to"), &process_and(&["framework"])).unwrap()),
             verdict_latency: reg(
                 r,
                 prometheus::Histogram::with_opts(
@@ -104,7 +156,7 @@ impl Metrics {
                     HistogramOpts::new("iteration_gpu_busy_seconds", "GPU busy time inside each iteration (union over streams)")
                         .namespace("stallscope")
                         .buckets(exponential_buckets(0.0001, 1.5, 24).unwrap()),
-                    &["pid"],
+                    pid,
                 )
                 .unwrap(),
             ),
@@ -114,7 +166,7 @@ impl Metrics {
                     HistogramOpts::new("iteration_gpu_void_ratio", "Share of each iteration in which the GPU ran nothing")
                         .namespace("stallscope")
                         .buckets(prometheus::linear_buckets(0.05, 0.05, 20).unwrap()),
-                    &["pid"],
+                    pid,
                 )
                 .unwrap(),
             ),
@@ -124,7 +176,7 @@ impl Metrics {
                     HistogramOpts::new("gpu_launch_latency_seconds", "Kernel start minus the start of its launching API call")
                         .namespace("stallscope")
                         .buckets(exponential_buckets(1e-6, 2.0, 18).unwrap()),
-                    &["pid"],
+                    pid,
                 )
                 .unwrap(),
             ),
@@ -143,41 +195,42 @@ impl Metrics {
 
     /// Removes the kernel-time series of a process's threads (`threads`: the (tid, comm)
     /// labels used).
-    pub fn forget_threads(&self, pid: &str, threads: &[(String, String)]) {
+    pub fn forget_threads(&self, p: &ProcessLabels, threads: &[(String, String)]) {
         for (tid, comm) in threads {
             for state in THREAD_STATES {
                 let _ = self
                     .thread_seconds
-                    .remove_label_values(&[pid, tid, comm, state]);
+                    .remove_label_values(&p.with(&[tid, comm, state]));
             }
         }
     }
 
     /// Removes an engine's series once it is gone (`threads`: the (tid, comm) labels used).
-    pub fn forget_engine(&self, pid: &str, framework: &str, threads: &[(String, String)]) {
+    pub fn forget_engine(&self, p: &ProcessLabels, framework: &str, threads: &[(String, String)]) {
         for stage in ["prefill", "decode", "mixed"] {
-            let _ = self.iterations.remove_label_values(&[pid, stage]);
-            let _ = self.duration.remove_label_values(&[pid, stage]);
+            let _ = self.iterations.remove_label_values(&p.with(&[stage]));
+            let _ = self.duration.remove_label_values(&p.with(&[stage]));
         }
         for state in ["warming", "fitting", "fitted"] {
-            let _ = self.model_state.remove_label_values(&[pid, state]);
+            let _ = self.model_state.remove_label_values(&p.with(&[state]));
         }
-        self.forget_threads(pid, threads);
-        let _ = self.engines.remove_label_values(&[pid, framework]);
+        self.forget_threads(p, threads);
+        let _ = self.engines.remove_label_values(&p.with(&[framework]));
+        let pid = p.with(&[]);
         for g in [&self.predicted, &self.error, &self.error_mean, &self.ucl] {
-            let _ = g.remove_label_values(&[pid]);
+            let _ = g.remove_label_values(&pid);
         }
         for g in [
             &self.anomaly_active,
             &self.training_samples,
             &self.model_samples,
         ] {
-            let _ = g.remove_label_values(&[pid]);
+            let _ = g.remove_label_values(&pid);
         }
-        let _ = self.alerts.remove_label_values(&[pid]);
-        let _ = self.lost_records.remove_label_values(&[pid]);
+        let _ = self.alerts.remove_label_values(&pid);
+        let _ = self.lost_records.remove_label_values(&pid);
         for h in [&self.gpu_busy, &self.gpu_void, &self.gpu_launch] {
-            let _ = h.remove_label_values(&[pid]);
+            let _ = h.remove_label_values(&pid);
         }
     }
 }

@@ -93,6 +93,7 @@ pub async fn run(args: &DeepDiveArgs, paths: &KernelPaths) -> Result<()> {
         kernel_events: true,
         max_events: args.max_events,
         gpu: !args.no_gpu,
+        identity: identify(pid)?,
     };
     let mut running = Running::start(opts, &mut plane)?;
     let (notes, split, interrupted) = hold(&mut running, args).await;
@@ -189,4 +190,12 @@ async fn hold(running: &mut Running, args: &DeepDiveArgs) -> (Vec<String>, u64, 
     bar.finish_and_clear();
     let split = split.unwrap_or_else(crate::os::clock::monotonic_ns);
     (notes, split, interrupted)
+}
+
+/// The target's pod and container, named by the node's kubelet as the daemon's default
+/// `[pods]` settings reach it (the ids alone when it does not answer).
+fn identify(pid: u32) -> Result<pod_identity::Identity> {
+    let pods = crate::config::PodsConfig::default();
+    let resolver = pod_identity::Resolver::new(pods.source()?, pods.timeout);
+    Ok(resolver.wait(pid, pod_identity::Resolver::patience(pods.timeout)))
 }

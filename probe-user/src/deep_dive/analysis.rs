@@ -385,6 +385,7 @@ mod tests {
         let thread = |comm: &str| ThreadInfo {
             pid: 1,
             comm: comm.into(),
+            ns_tid: None,
         };
         let c = Collected {
             end_ns: 500,

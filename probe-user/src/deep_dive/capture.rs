@@ -10,6 +10,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
+use pod_identity::Identity;
 use probe_common::Event;
 use pyframe_tracer::{
     sampling::{Sampler as StackSampler, ThreadStack},
@@ -44,6 +45,8 @@ pub struct Options {
     pub max_events: usize,
     /// Attach the GPU plane to the processes that have CUPTI loaded.
     pub gpu: bool,
+    /// The engine's pod and container.
+    pub identity: Identity,
 }
 
 /// Where a capture's Python calls come from.
@@ -70,6 +73,8 @@ pub struct ThreadInfo {
     pub pid: u32,
     /// Its name.
     pub comm: String,
+    /// Its id in its PID namespace, where that is not the host's.
+    pub ns_tid: Option<u32>,
 }
 
 /// What a capture collected.
@@ -77,6 +82,8 @@ pub struct ThreadInfo {
 pub struct Collected {
     /// The engine process.
     pub pid: u32,
+    /// Its pod and container.
+    pub identity: Identity,
     /// When the capture was asked for (ns, CLOCK_MONOTONIC).
     pub trigger_ns: u64,
     /// Window start and end.
@@ -99,7 +106,8 @@ pub struct Collected {
     pub telemetry: Telemetry,
     /// GPU activity per process (CLOCK_MONOTONIC).
     pub gpu: BTreeMap<u32, Vec<GpuEvent>>,
-    /// Processes captured: pid → name.
+    /// Processes captured: pid → name (with its pod, container and in-container pid, where
+    /// it has them).
     pub processes: BTreeMap<u32, String>,
     /// Threads of those processes: tid → info.
     pub threads: BTreeMap<u32, ThreadInfo>,
@@ -322,12 +330,23 @@ impl Running {
     fn scan_tree(&mut self) {
         self.tree_at = std::time::Instant::now();
         for p in procfs::process_tree(self.opts.pid) {
-            if let Some(comm) = procfs::thread_comm(p, p) {
-                self.processes.insert(p, comm);
+            if !self.processes.contains_key(&p) {
+                if let Some(comm) = procfs::thread_comm(p, p) {
+                    let name = process_name(p, &comm, &self.opts.identity);
+                    self.processes.insert(p, name);
+                }
             }
             for tid in procfs::threads(p) {
                 if let Some(comm) = procfs::thread_comm(p, tid) {
-                    self.threads.insert(tid, ThreadInfo { pid: p, comm });
+                    let ns_tid = pod_identity::tid_in_namespace(p, tid).filter(|&n| n != tid);
+                    self.threads.insert(
+                        tid,
+                        ThreadInfo {
+                            pid: p,
+                            comm,
+                            ns_tid,
+                        },
+                    );
                 }
             }
         }
@@ -443,6 +462,7 @@ impl Running {
         }
         Ok(Collected {
             pid: self.opts.pid,
+            identity: self.opts.identity.clone(),
             trigger_ns: self.trigger_ns,
             start_ns: self.start_ns,
             end_ns,
@@ -459,6 +479,28 @@ impl Running {
             notes: self.notes,
         })
     }
+}
+
+/// A captured process's name: `comm`, its pid in its container, and its pod and container
+/// (those of the engine `engine` when it is in the engine's container).
+fn process_name(pid: u32, comm: &str, engine: &Identity) -> String {
+    let own = pod_identity::ids_of(pid);
+    let id = if own.container_id.is_some() && own.container_id == engine.container_id {
+        Identity {
+            pid_in_container: own.pid_in_container,
+            ..engine.clone()
+        }
+    } else {
+        own
+    };
+    let mut name = comm.to_string();
+    if let Some(n) = id.pid_in_container {
+        name += &format!(" (pid {n} in its container)");
+    }
+    if let Some(place) = id.short() {
+        name += &format!(" [{place}]");
+    }
+    name
 }
 
 /// Attaches the GPU plane to every process of the tree that has libcupti mapped (CUDA
@@ -515,6 +557,7 @@ mod tests {
     fn collected(ts: &[u64], over_budget: u64) -> Collected {
         Collected {
             pid: 1,
+            identity: Identity::default(),
             trigger_ns: 100,
             start_ns: 100,
             end_ns: 1000,

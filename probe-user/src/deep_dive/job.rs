@@ -13,6 +13,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use log::{info, warn};
+use pod_identity::Identity;
 use pyframe_tracer::Call;
 
 use super::{
@@ -57,12 +58,13 @@ pub struct Job {
 }
 
 impl Job {
-    /// Starts capturing `pid`. `engine` describes the engine's attached probes (their calls
+    /// Starts capturing `pid`, placed by `identity`. `engine` describes the engine's attached probes (their calls
     /// are handed over with [`Job::feed`]); with `gpu_fed`, the engine's GPU events come the
     /// same way ([`Job::feed_gpu`]) instead of from an agent of the capture's own.
     pub fn start(
         purpose: Purpose,
         pid: u32,
+        identity: Identity,
         engine: PythonSource,
         gpu_fed: bool,
         cfg: &DeepDiveConfig,
@@ -88,6 +90,7 @@ impl Job {
             kernel_events: cfg.has("kernel"),
             max_events: cfg.max_events,
             gpu: cfg.has("gpu") && !gpu_fed,
+            identity,
         };
         let running = Running::start(opts, plane)?;
         Ok(Job {

@@ -27,6 +27,7 @@ pub enum Baseline<'a> {
 #[derive(Debug, Serialize)]
 struct DeepDiveReport<'a> {
     pid: u32,
+    identity: &'a pod_identity::Identity,
     trace: String,
     normal_window_ms: f64,
     deep_dive_window_ms: f64,
@@ -112,6 +113,7 @@ pub fn write<W: Write>(
         .with_context(|| format!("writing the trace {}", trace_path.display()))?;
     let doc = DeepDiveReport {
         pid: c.pid,
+        identity: &c.identity,
         trace: trace_path.display().to_string(),
         normal_window_ms: (split - c.start_ns) as f64 / 1e6,
         deep_dive_window_ms: (c.end_ns - split) as f64 / 1e6,

@@ -173,6 +173,34 @@ pub fn write<W: Write>(
         },
     )?;
 
+    // Where the engine runs: its pod and container (each field only where known).
+    let id = &c.identity;
+    let container_pid = id.pid_in_container.map(u64::from);
+    let fields = [
+        ("namespace", id.namespace.as_deref()),
+        ("pod", id.pod.as_deref()),
+        ("container", id.container.as_deref()),
+        ("pod_uid", id.pod_uid.as_deref()),
+        ("container_id", id.container_id.as_deref()),
+        ("runtime", id.runtime),
+    ];
+    let mut identity_args: Vec<Arg<'_>> = fields
+        .iter()
+        .filter_map(|&(k, v)| Some(Arg::new(k, Value::Str(v?))))
+        .collect();
+    identity_args.extend(container_pid.map(|p| Arg::new("container_pid", Value::Uint(p))));
+    if !identity_args.is_empty() {
+        b.w.instant(
+            capture,
+            c.start_ns,
+            "engine identity",
+            Extra {
+                args: &identity_args,
+                ..Extra::default()
+            },
+        )?;
+    }
+
     // Iterations.
     let iter_track = b.w.child(engine, "iterations")?;
     let mut its: Vec<&IterationSlice> = iterations.iter().collect();
@@ -223,7 +251,11 @@ pub fn write<W: Write>(
     }
     let mut thread_tracks: BTreeMap<u32, Track> = BTreeMap::new();
     for (tid, info) in &c.threads {
-        let thread = b.w.thread(info.pid, *tid, &info.comm)?;
+        let name = match info.ns_tid {
+            Some(n) => format!("{} (tid {n} in its container)", info.comm),
+            None => info.comm.clone(),
+        };
+        let thread = b.w.thread(info.pid, *tid, &name)?;
         thread_tracks.insert(*tid, thread);
         if let Some(calls) = calls_by_tid.get_mut(tid) {
             write_nested_calls(&mut b, thread, calls)?;

@@ -4,26 +4,29 @@
 
 use log::{info, warn};
 use model::{Iteration, Verdict};
+use pod_identity::Identity;
 
 use crate::{
-    api::{alerts::Alert, state::Shared},
+    api::{alerts::Alert, metrics::ProcessLabels, state::Shared},
     os::clock::unix_ms,
 };
 
 /// The alert book of engine `pid`.
 pub struct AlertBook {
     pid: u32,
-    pid_label: String,
+    identity: Identity,
+    labels: ProcessLabels,
     open: Option<Alert>,
     /// Id of an alert that started since the daemon last looked.
     new: Option<u64>,
 }
 
 impl AlertBook {
-    pub fn new(pid: u32) -> AlertBook {
+    pub fn new(pid: u32, identity: Identity, labels: ProcessLabels) -> AlertBook {
         AlertBook {
             pid,
-            pid_label: pid.to_string(),
+            identity,
+            labels,
             open: None,
             new: None,
         }
@@ -32,7 +35,7 @@ impl AlertBook {
     /// Takes in the sentinel's verdict on `it`, decided at `decided_ns` (CLOCK_MONOTONIC).
     pub fn observe(&mut self, it: &Iteration, v: &Verdict, decided_ns: u64, shared: &Shared) {
         let m = &shared.metrics;
-        let pid = [self.pid_label.as_str()];
+        let pid = self.labels.with(&[]);
         if v.predicted_us.is_some() && v.error.is_some() {
             if let Some(a) = &mut self.open {
                 a.iterations += 1;
@@ -42,6 +45,7 @@ impl AlertBook {
             let alert = Alert {
                 id: shared.alerts.next_id(self.pid),
                 pid: self.pid,
+                identity: self.identity.clone(),
                 started_unix_ms: unix_ms(),
                 trigger_iteration_end_ns: it.end_ns,
                 detection_latency_us: decided_ns.saturating_sub(it.end_ns) as f64 / 1e3,

@@ -12,6 +12,7 @@ use std::{
 
 use anyhow::Result;
 use log::warn;
+use pod_identity::Identity;
 
 use super::engine::Engine;
 use crate::{api::board::EngineBoard, config::SentinelConfig};
@@ -44,12 +45,12 @@ impl Attacher {
             && self.retry_at.get(&pid).is_none_or(|t| Instant::now() >= *t)
     }
 
-    /// Starts attaching `pid` on its own thread.
-    pub fn start(&mut self, pid: u32, board: &EngineBoard) {
+    /// Starts attaching `pid`, placed by `identity`, on its own thread.
+    pub fn start(&mut self, pid: u32, identity: Identity, board: &EngineBoard) {
         let (sentinel, state_dir) = (self.sentinel.clone(), self.state_dir.clone());
         match std::thread::Builder::new()
             .name("stallscope-attach".into())
-            .spawn(move || Engine::attach(pid, &sentinel, &state_dir))
+            .spawn(move || Engine::attach(pid, identity, &sentinel, &state_dir))
         {
             Ok(a) => {
                 self.attaching.insert(pid, a);

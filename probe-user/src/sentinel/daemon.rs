@@ -20,6 +20,7 @@ use super::{
     attacher::Attacher,
     dives::Dives,
     engine::Engine,
+    identities::Identities,
     loop_watchdog::{self, Marker, Phase},
     processes::{self, Scan},
     thread_time::ThreadTime,
@@ -53,6 +54,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         shared: shared.clone(),
         engines: BTreeMap::new(),
         attacher: Attacher::new(&cfg.sentinel, &cfg.state.dir),
+        identities: Identities::new(cfg.pods.source()?, cfg.pods.timeout),
         kernel_only: BTreeSet::new(),
         thread_time: ThreadTime::default(),
     };
@@ -67,7 +69,8 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         if !procfs::process_exists(pid) {
             bail!("no process with pid {pid}: check the engine's pid (pgrep -f EngineCore)");
         }
-        match Engine::attach(pid, &cfg.sentinel, &cfg.state.dir) {
+        let placed = daemon.identities.wait(pid);
+        match Engine::attach(pid, placed.identity, &cfg.sentinel, &cfg.state.dir) {
             Ok(e) => {
                 daemon.engines.insert(pid, e);
             }
@@ -149,6 +152,8 @@ struct Daemon<'a> {
     shared: Arc<Shared>,
     engines: BTreeMap<u32, Engine>,
     attacher: Attacher,
+    /// Where the followed processes sit in the cluster.
+    identities: Identities,
     /// Pids given with --pid that are not Python: watched by the kernel plane only.
     kernel_only: BTreeSet<u32>,
     /// The kernel plane's watched processes and their threads' series.
@@ -217,16 +222,27 @@ impl Daemon<'_> {
             info!("engine {pid} exited; waiting for it (or a restarted engine) to appear");
             self.remove_engine(pid);
         }
+        // A process is followed once its identity is known, so that its first figure has it.
+        self.identities.retain(|p| watched.contains(&p));
+        let placed: BTreeMap<u32, _> = watched
+            .iter()
+            .filter_map(|&p| Some((p, self.identities.get(p)?.clone())))
+            .collect();
         for &pid in &engines {
+            let Some(p) = placed.get(&pid) else {
+                continue;
+            };
             if self.engines.contains_key(&pid)
                 || self.kernel_only.contains(&pid)
                 || !self.attacher.may_start(pid)
             {
                 continue;
             }
-            self.attacher.start(pid, &self.shared.engines);
+            self.attacher
+                .start(pid, p.identity.clone(), &self.shared.engines);
         }
         self.attacher.keep_only(&engines, &self.shared.engines);
-        self.thread_time.follow(&watched, plane, &self.shared);
+        let labels = placed.into_iter().map(|(p, x)| (p, x.labels)).collect();
+        self.thread_time.follow(&labels, plane, &self.shared);
     }
 }

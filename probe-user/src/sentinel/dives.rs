@@ -178,7 +178,8 @@ impl<'a> Dives<'a> {
         };
         let source = engine.start_tap();
         let gpu_fed = self.cfg.has("gpu") && engine.start_gpu_tap();
-        match Job::start(purpose, pid, source, gpu_fed, self.cfg, plane) {
+        let identity = engine.identity().clone();
+        match Job::start(purpose, pid, identity, source, gpu_fed, self.cfg, plane) {
             Ok(job) => {
                 let what = match id {
                     Some(id) => format!("deep dive {id} of engine {pid}"),

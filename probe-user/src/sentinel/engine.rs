@@ -11,6 +11,7 @@ use std::{
 use anyhow::{Context, Result};
 use log::{info, warn};
 use model::{Iteration, Sentinel};
+use pod_identity::Identity;
 use pyframe_tracer::{profiles, ring::Record, AttachOptions, Call, Framework, Session};
 
 use super::{
@@ -19,7 +20,7 @@ use super::{
 };
 use crate::{
     api::export::IterationCsv,
-    api::{board::EngineStatus, state::Shared},
+    api::{board::EngineStatus, metrics::ProcessLabels, state::Shared},
     config::SentinelConfig,
     deep_dive::capture::PythonSource,
     gpu_plane::GpuEvent,
@@ -33,7 +34,8 @@ const STATUS_PERIOD: Duration = Duration::from_millis(200);
 pub struct Engine {
     /// The engine process.
     pub pid: u32,
-    pid_label: String,
+    identity: Identity,
+    labels: ProcessLabels,
     framework: String,
     session: Session,
     anchor: Anchor,
@@ -53,9 +55,14 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Attaches the Python plane to `pid` and loads the model saved under `state_dir` for its
-    /// fingerprint.
-    pub fn attach(pid: u32, cfg: &SentinelConfig, state_dir: &Path) -> Result<Engine> {
+    /// Attaches the Python plane to `pid` (placed in the cluster by `identity`) and loads the
+    /// model saved under `state_dir` for its fingerprint.
+    pub fn attach(
+        pid: u32,
+        identity: Identity,
+        cfg: &SentinelConfig,
+        state_dir: &Path,
+    ) -> Result<Engine> {
         let framework = match cfg.framework.as_str() {
             "auto" => Framework::Auto,
             name => Framework::Named(name.to_string()),
@@ -85,29 +92,40 @@ impl Engine {
             .map(|p| p.func().to_string());
         let anchor = Anchor::new(pid, anchor_func, fields);
         let (models, fingerprint, baseline) = ModelStore::open(state_dir, pid, &framework);
+        let labels = ProcessLabels::new(pid, &identity);
         info!(
-            "engine {pid}: attached ({framework}, CPython {}, {} probes, anchor {})",
+            "engine {pid}{}: attached ({framework}, CPython {}, {} probes, anchor {})",
+            identity
+                .short()
+                .map(|s| format!(" ({s})"))
+                .unwrap_or_default(),
             session.runtime().version_string(),
             session.probes.len(),
             anchor.func().unwrap_or("to be discovered")
         );
         Ok(Engine {
-            gpu: GpuFigures::attach(pid, cfg.gpu),
+            gpu: GpuFigures::attach(pid, labels.clone(), cfg.gpu),
             pid,
-            pid_label: pid.to_string(),
             framework,
             sentinel: Sentinel::new(cfg.params(), fingerprint, baseline),
             session,
             anchor,
             models,
-            alerts: AlertBook::new(pid),
-            lost: LostRecords::new(pid),
+            alerts: AlertBook::new(pid, identity.clone(), labels.clone()),
+            lost: LostRecords::new(pid, labels.clone()),
+            identity,
+            labels,
             records: Vec::with_capacity(4096),
             counts: BTreeMap::new(),
             tap: None,
             healthy_since: None,
             status_at: Instant::now() - STATUS_PERIOD,
         })
+    }
+
+    /// The engine's pod and container.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
     }
 
     /// Drains the probe ring and runs every new iteration through the sentinel.
@@ -143,7 +161,7 @@ impl Engine {
         self.gpu.iteration(it.start_ns, it.end_ns);
         let m = &shared.metrics;
         let stage = it.stage.as_str();
-        let labels = [self.pid_label.as_str(), stage];
+        let labels = self.labels.with(&[stage]);
         m.iterations.with_label_values(&labels).inc();
         m.duration
             .with_label_values(&labels)
@@ -151,7 +169,7 @@ impl Engine {
         *self.counts.entry(stage.to_string()).or_default() += 1;
         let v = self.sentinel.observe(it);
         let decided_ns = monotonic_ns();
-        let pid = [self.pid_label.as_str()];
+        let pid = self.labels.with(&[]);
         if let (Some(p), Some(e)) = (v.predicted_us, v.error) {
             m.verdict_latency
                 .observe(decided_ns.saturating_sub(it.end_ns) as f64 / 1e9);
@@ -226,7 +244,7 @@ impl Engine {
         self.status_at = Instant::now();
         self.alerts.publish(shared);
         let m = &shared.metrics;
-        let pid = [self.pid_label.as_str()];
+        let pid = self.labels.with(&[]);
         let state = match self.sentinel.state() {
             model::ModelState::Warming => "warming",
             model::ModelState::Fitting => "fitting",
@@ -234,7 +252,7 @@ impl Engine {
         };
         for s in ["warming", "fitting", "fitted"] {
             m.model_state
-                .with_label_values(&[self.pid_label.as_str(), s])
+                .with_label_values(&self.labels.with(&[s]))
                 .set(i64::from(s == state));
         }
         m.training_samples
@@ -251,10 +269,11 @@ impl Engine {
             .with_label_values(&pid)
             .set(i64::from(self.sentinel.alerting()));
         m.engines
-            .with_label_values(&[self.pid_label.as_str(), &self.framework])
+            .with_label_values(&self.labels.with(&[&self.framework]))
             .set(1);
         let status = EngineStatus {
             pid: self.pid,
+            identity: self.identity.clone(),
             framework: self.framework.clone(),
             python: self.session.runtime().version_string(),
             anchor: self.anchor.func().map(str::to_string),
@@ -280,7 +299,7 @@ impl Engine {
         shared.engines.withdraw(self.pid);
         shared
             .metrics
-            .forget_engine(&self.pid_label, &self.framework, threads);
+            .forget_engine(&self.labels, &self.framework, threads);
         if !procfs::process_exists(self.pid) {
             return;
         }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, VecDeque};
 use log::{info, warn};
 
 use crate::{
-    api::state::Shared,
+    api::{metrics::ProcessLabels, state::Shared},
     gpu_plane::{feed::GpuFeed, GpuEvent},
     os::clock::monotonic_ns,
 };
@@ -18,7 +18,7 @@ const VOID_WINDOW: usize = 100;
 /// The GPU figures of engine `pid`.
 pub struct GpuFigures {
     pid: u32,
-    pid_label: String,
+    labels: ProcessLabels,
     feed: Option<GpuFeed>,
     /// `on: ...` or `off: why`.
     state: String,
@@ -29,7 +29,7 @@ pub struct GpuFigures {
 
 impl GpuFigures {
     /// Attaches the GPU plane to `pid` when `enabled` (`[sentinel] gpu`) and it has CUDA.
-    pub fn attach(pid: u32, enabled: bool) -> GpuFigures {
+    pub fn attach(pid: u32, labels: ProcessLabels, enabled: bool) -> GpuFigures {
         let (feed, state) = if !enabled {
             (None, "off: [sentinel] gpu = false".to_string())
         } else {
@@ -44,7 +44,7 @@ impl GpuFigures {
         };
         GpuFigures {
             pid,
-            pid_label: pid.to_string(),
+            labels,
             feed,
             state,
             iterations: 0,
@@ -66,7 +66,7 @@ impl GpuFigures {
         };
         g.poll();
         let m = &shared.metrics;
-        let pid = [self.pid_label.as_str()];
+        let pid = self.labels.with(&[]);
         for f in g.settled(monotonic_ns()) {
             self.iterations += 1;
             m.gpu_busy.with_label_values(&pid).observe(f.busy_us / 1e6);

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use log::warn;
 
-use crate::api::state::Shared;
+use crate::api::{metrics::ProcessLabels, state::Shared};
 
 /// Lost records are warned of at most this often.
 const WARNING_PERIOD: Duration = Duration::from_secs(10);
@@ -14,7 +14,7 @@ const WARNING_PERIOD: Duration = Duration::from_secs(10);
 /// The lost-record account of engine `pid`.
 pub struct LostRecords {
     pid: u32,
-    pid_label: String,
+    labels: ProcessLabels,
     /// The ring's loss counter when last read.
     seen: u64,
     /// Lost records not yet in a warning, and when the last warning was.
@@ -23,10 +23,10 @@ pub struct LostRecords {
 }
 
 impl LostRecords {
-    pub fn new(pid: u32) -> LostRecords {
+    pub fn new(pid: u32, labels: ProcessLabels) -> LostRecords {
         LostRecords {
             pid,
-            pid_label: pid.to_string(),
+            labels,
             seen: 0,
             unreported: 0,
             warned_at: None,
@@ -39,7 +39,7 @@ impl LostRecords {
             shared
                 .metrics
                 .lost_records
-                .with_label_values(&[&self.pid_label])
+                .with_label_values(&self.labels.with(&[]))
                 .inc_by(lost - self.seen);
             self.unreported += lost - self.seen;
             self.seen = lost;

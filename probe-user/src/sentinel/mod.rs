@@ -10,6 +10,7 @@ pub mod daemon;
 pub mod dives;
 pub mod engine;
 pub mod gpu_figures;
+pub mod identities;
 pub mod iterations;
 pub mod loop_watchdog;
 pub mod lost_records;

@@ -7,7 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use log::{info, warn};
 
 use crate::{
-    api::{metrics::THREAD_STATES, state::Shared},
+    api::{
+        metrics::{ProcessLabels, THREAD_STATES},
+        state::Shared,
+    },
     kernel_plane::{accounting, KernelPlane, Snapshot},
     os::procfs,
 };
@@ -15,7 +18,8 @@ use crate::{
 /// The watched processes and the thread labels their series use.
 #[derive(Default)]
 pub struct ThreadTime {
-    watched: BTreeSet<u32>,
+    /// The watched processes and their series' labels.
+    watched: BTreeMap<u32, ProcessLabels>,
     /// (tid, comm) label pairs used per pid.
     threads: BTreeMap<u32, BTreeSet<(String, String)>>,
 }
@@ -23,7 +27,7 @@ pub struct ThreadTime {
 impl ThreadTime {
     /// Whether the kernel plane watches `pid`.
     pub fn watches(&self, pid: u32) -> bool {
-        self.watched.contains(&pid)
+        self.watched.contains_key(&pid)
     }
 
     /// The (tid, comm) labels of `pid`'s series.
@@ -34,30 +38,44 @@ impl ThreadTime {
             .unwrap_or_default()
     }
 
-    /// Watches the processes in `wanted` that are not watched yet, and lets go of (and removes
-    /// the series of) those no longer wanted.
-    pub fn follow(&mut self, wanted: &BTreeSet<u32>, plane: &mut KernelPlane, shared: &Shared) {
-        for &pid in wanted.difference(&self.watched.clone()) {
+    /// Watches the processes in `wanted` (with their series' labels) that are not watched yet,
+    /// and lets go of (and removes the series of) those no longer wanted.
+    pub fn follow(
+        &mut self,
+        wanted: &BTreeMap<u32, ProcessLabels>,
+        plane: &mut KernelPlane,
+        shared: &Shared,
+    ) {
+        for (&pid, labels) in wanted {
+            if self.watched.contains_key(&pid) {
+                continue;
+            }
             match plane.watch(pid) {
                 Ok(()) => {
                     info!(
                         "kernel plane: watching pid {pid} ({})",
                         procfs::cmdline(pid).unwrap_or_default()
                     );
-                    self.watched.insert(pid);
+                    self.watched.insert(pid, labels.clone());
                 }
                 Err(e) => warn!("kernel plane: cannot watch pid {pid}: {e:#}"),
             }
         }
-        for pid in self.watched.clone().difference(wanted) {
-            let _ = plane.unwatch(*pid);
-            self.watched.remove(pid);
+        let gone: Vec<u32> = self
+            .watched
+            .keys()
+            .copied()
+            .filter(|p| !wanted.contains_key(p))
+            .collect();
+        for pid in gone {
+            let _ = plane.unwatch(pid);
+            let labels = self.watched.remove(&pid).expect("watched");
             let threads: Vec<(String, String)> = self
                 .threads
-                .remove(pid)
+                .remove(&pid)
                 .map(|t| t.into_iter().collect())
                 .unwrap_or_default();
-            shared.metrics.forget_threads(&pid.to_string(), &threads);
+            shared.metrics.forget_threads(&labels, &threads);
         }
     }
 
@@ -71,8 +89,7 @@ impl ThreadTime {
     ) -> Snapshot {
         let now = plane.snapshot();
         let mut exited = Vec::new();
-        for &pid in &self.watched {
-            let p = pid.to_string();
+        for (&pid, labels) in &self.watched {
             for t in accounting::window(pid, last, &now, |tid, s| {
                 procfs::thread_comm(pid, tid)
                     .unwrap_or_else(|| accounting::comm_from_bytes(&s.exit_comm))
@@ -86,7 +103,7 @@ impl ThreadTime {
                     shared
                         .metrics
                         .thread_seconds
-                        .with_label_values(&[p.as_str(), tid.as_str(), t.comm.as_str(), state])
+                        .with_label_values(&labels.with(&[&tid, &t.comm, state]))
                         .inc_by(ns as f64 / 1e9);
                 }
                 self.threads
