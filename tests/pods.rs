@@ -8,14 +8,10 @@
 //! read-only port does.
 
 use std::{
-    io::{Read, Write},
     net::TcpListener,
     path::{Path, PathBuf},
     process::Command,
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
-    },
+    sync::atomic::Ordering,
     time::Duration,
 };
 
@@ -23,6 +19,7 @@ use serde_json::Value;
 
 mod common;
 use common::daemon::Daemon;
+use common::kubelet::{pod_list, pods_section, series_of, stand_in_kubelet};
 use common::{
     http_get, python, python_check, require_root, start_hog, toy_steps_between, Proc, TOY_HOG,
 };
@@ -38,109 +35,39 @@ struct Pod {
     proc: Option<Proc>,
     /// The engine's pid in the host's PID namespace (in its own, it is 1).
     host_pid: u32,
-    name: String,
-    uid: String,
-    container_id: String,
-    /// The cgroups made for it, innermost first.
-    cgroups: Vec<PathBuf>,
-}
-
-/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup` on a v2 host, a subfolder on a
-/// hybrid one).
-fn cgroup2_root() -> PathBuf {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
-    mounts
-        .lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (f.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(f[1]))
-        })
-        .expect("a cgroup v2 hierarchy is mounted")
+    spec: sys_util::pod::Pod,
 }
 
 impl Pod {
     fn start(python_version: &str, name: &str, times: &Path) -> Pod {
-        let seed = u64::from(std::process::id()) << 20 ^ monotonic_ns();
-        let uid = format!(
-            "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
-            seed as u32,
-            (seed >> 32) as u16,
-            seed & 0xfff,
-            (seed >> 12) & 0xfff,
-            seed & 0xffff_ffff_ffff
-        );
-        let container_id = format!("{seed:016x}").repeat(4);
-        let slices = [
-            "kubepods.slice".to_string(),
-            "kubepods-burstable.slice".to_string(),
-            format!("kubepods-burstable-pod{}.slice", uid.replace('-', "_")),
-            format!("cri-containerd-{container_id}.scope"),
-        ];
-        let mut dir = cgroup2_root();
-        let mut cgroups = Vec::new();
-        for s in &slices {
-            dir = dir.join(s);
-            if !dir.exists() {
-                std::fs::create_dir(&dir).unwrap();
-                cgroups.insert(0, dir.clone());
-            }
-        }
+        let spec = sys_util::pod::Pod::create(name).unwrap();
+        let prefix = spec.prefix();
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_engine.py");
-        // Inside the new namespaces: join the container's cgroup (pid 1 there is this shell,
-        // which execs the engine), mount private /dev/shm and /tmp, name the host.
-        let inside = format!(
-            "echo $$ > {procs} && mount -t tmpfs pod-shm /dev/shm && mount -t tmpfs pod-tmp /tmp && hostname {name} && exec taskset -c 0 {py} {script}",
-            procs = dir.join("cgroup.procs").display(),
-            py = python(python_version).display(),
-            script = script.display(),
-        );
         let (proc, first, _) = Proc::spawn_ready(
-            Command::new("unshare")
-                .args([
-                    "--pid",
-                    "--mount",
-                    "--ipc",
-                    "--uts",
-                    "--fork",
-                    "--mount-proc",
-                    "--propagation",
-                    "private",
-                    "sh",
-                    "-c",
-                ])
-                .arg(inside)
+            Command::new(&prefix[0])
+                .args(&prefix[1..])
+                .args(["taskset", "-c", "0"])
+                .arg(python(python_version))
+                .arg(script)
                 .env("STALLSCOPE_TOY_TIMES", times),
             "ready ",
         );
         assert_eq!(first.trim(), "ready 1", "the engine is pid 1 in its pod");
-        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
-        let host_pid: u32 = procs.trim().parse().unwrap_or_else(|_| {
-            panic!("one process in the container's cgroup, not {procs:?}")
-        });
+        let procs = std::fs::read_to_string(spec.container_cgroup().join("cgroup.procs")).unwrap();
+        let host_pid: u32 = procs
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("one process in the container's cgroup, not {procs:?}"));
         Pod {
             proc: Some(proc),
             host_pid,
-            name: name.to_string(),
-            uid,
-            container_id,
-            cgroups,
+            spec,
         }
     }
 
     /// The v1 PodList a kubelet on this node would answer.
     fn pod_list(&self) -> String {
-        serde_json::json!({
-            "kind": "PodList",
-            "apiVersion": "v1",
-            "items": [{
-                "metadata": {"name": self.name, "namespace": NAMESPACE, "uid": self.uid},
-                "status": {"containerStatuses": [{
-                    "name": CONTAINER,
-                    "containerID": format!("containerd://{}", self.container_id),
-                }]},
-            }],
-        })
-        .to_string()
+        pod_list(NAMESPACE, &self.spec, CONTAINER)
     }
 
     /// Files of stallscope's in the pod's /dev/shm and /tmp, seen from the host.
@@ -174,51 +101,8 @@ impl Pod {
 impl Drop for Pod {
     fn drop(&mut self) {
         drop(self.proc.take());
-        for c in &self.cgroups {
-            // The cgroup empties as its processes are reaped.
-            for _ in 0..50 {
-                if std::fs::remove_dir(c).is_ok() || !c.exists() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
+        self.spec.remove();
     }
-}
-
-/// A stand-in for the node's kubelet: answers every request with `body` (a PodList) and
-/// counts the requests.
-fn stand_in_kubelet(body: String) -> (u16, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let asked = Arc::new(AtomicUsize::new(0));
-    let count = asked.clone();
-    std::thread::spawn(move || {
-        for mut s in listener.incoming().flatten() {
-            let mut buf = [0u8; 4096];
-            let n = s.read(&mut buf).unwrap_or(0);
-            let request = String::from_utf8_lossy(&buf[..n]);
-            if request.starts_with("GET /pods ") {
-                count.fetch_add(1, Ordering::SeqCst);
-            }
-            let _ = write!(
-                s,
-                "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    (port, asked)
-}
-
-/// The `/metrics` lines of the series labelled with `pid`.
-fn series_of(metrics: &str, pid: u32) -> Vec<String> {
-    let label = format!("pid=\"{pid}\"");
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("stallscope_") && l.contains(&label))
-        .map(str::to_string)
-        .collect()
 }
 
 fn counter(metrics: &str, pid: u32, name: &str) -> f64 {
@@ -248,14 +132,7 @@ fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
         let pid = pod.host_pid;
         let threads_before = pod.threads();
         let (kubelet, asked) = stand_in_kubelet(pod.pod_list());
-        let mut d = Daemon::start_with_sections(
-            &dir,
-            pid,
-            300,
-            &format!(
-                "\n[pods]\nnames = \"kubelet\"\nkubelet_url = \"http://127.0.0.1:{kubelet}/pods\"\ntimeout = \"2s\"\n"
-            ),
-        );
+        let mut d = Daemon::start_with_sections(&dir, pid, 300, &pods_section(kubelet));
         d.wait_for("discovered anchor", Duration::from_secs(30), |d| {
             d.engine()
                 .is_some_and(|e| e["anchor"] == "__main__:Engine.step")
@@ -267,8 +144,8 @@ fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
             ("namespace", NAMESPACE),
             ("pod", name),
             ("container", CONTAINER),
-            ("pod_uid", pod.uid.as_str()),
-            ("container_id", pod.container_id.as_str()),
+            ("pod_uid", pod.spec.uid.as_str()),
+            ("container_id", pod.spec.container_id.as_str()),
             ("runtime", "containerd"),
         ] {
             assert_eq!(id[field], want, "{python_version}: {field} in {e}");
@@ -279,12 +156,20 @@ fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
         // Its iterations are the engine's own: the counter grows by the steps the toy timed
         // between two readings (a step cut by either reading counts on one side).
         let (before, from_ns) = (
-            counter(&http_get(d.port, "/metrics"), pid, "stallscope_iterations_total"),
+            counter(
+                &http_get(d.port, "/metrics"),
+                pid,
+                "stallscope_iterations_total",
+            ),
             monotonic_ns(),
         );
         std::thread::sleep(Duration::from_secs(3));
         let (after, to_ns) = (
-            counter(&http_get(d.port, "/metrics"), pid, "stallscope_iterations_total"),
+            counter(
+                &http_get(d.port, "/metrics"),
+                pid,
+                "stallscope_iterations_total",
+            ),
             monotonic_ns(),
         );
         std::thread::sleep(Duration::from_secs(1));
@@ -307,8 +192,8 @@ fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
                 format!("namespace=\"{NAMESPACE}\""),
                 format!("pod=\"{name}\""),
                 format!("container=\"{CONTAINER}\""),
-                format!("pod_uid=\"{}\"", pod.uid),
-                format!("container_id=\"{}\"", pod.container_id),
+                format!("pod_uid=\"{}\"", pod.spec.uid),
+                format!("container_id=\"{}\"", pod.spec.container_id),
                 "container_pid=\"1\"".to_string(),
             ] {
                 assert!(l.contains(&label), "{label} missing from {l}");
@@ -325,7 +210,7 @@ fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
         });
         let alerts: Value = serde_json::from_str(&http_get(d.port, "/api/v1/alerts")).unwrap();
         assert_eq!(alerts[0]["identity"]["pod"], name, "{alerts}");
-        assert_eq!(alerts[0]["identity"]["pod_uid"], pod.uid.as_str());
+        assert_eq!(alerts[0]["identity"]["pod_uid"], pod.spec.uid.as_str());
         let dive = d.deep_dive_done();
         drop(hog);
         let trace = PathBuf::from(dive["trace"].as_str().unwrap());
@@ -334,8 +219,10 @@ fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
         python_check(&trace);
         let place = format!("[{NAMESPACE}/{name}/{CONTAINER}]");
         assert!(
-            decoded.tracks.values().any(|t| t.name.contains(&place)
-                && t.name.contains("(pid 1 in its container)")),
+            decoded
+                .tracks
+                .values()
+                .any(|t| t.name.contains(&place) && t.name.contains("(pid 1 in its container)")),
             "no process track names the pod {place}: {:?}",
             decoded.tracks.values().map(|t| &t.name).collect::<Vec<_>>()
         );
@@ -353,7 +240,7 @@ fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
             .expect("the trace's engine identity");
         assert_eq!(
             marker.args.get("pod_uid"),
-            Some(&read::ArgValue::Str(pod.uid.clone())),
+            Some(&read::ArgValue::Str(pod.spec.uid.clone())),
             "{marker:?}"
         );
         let report: Value =
@@ -370,7 +257,10 @@ fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
             "{python_version}: left in the pod: {:?}",
             pod.stallscope_files()
         );
-        assert!(!pod.maps_mention_stallscope(), "a mapping of stallscope's is left");
+        assert!(
+            !pod.maps_mention_stallscope(),
+            "a mapping of stallscope's is left"
+        );
         assert_eq!(pod.threads(), threads_before, "threads left in the engine");
         let steps = toy_steps_between(&times, to_ns, monotonic_ns());
         std::thread::sleep(Duration::from_secs(1));
@@ -381,4 +271,44 @@ fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
         drop(pod);
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// A kubelet that does not answer leaves the ids from the cgroup, said once in the log.
+#[test]
+fn without_a_kubelet_the_ids_remain_and_it_is_said_once() {
+    require_root();
+    let dir = PathBuf::from(format!(
+        "/var/tmp/stallscope-pods-nokubelet-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let pod = Pod::start("3.12", "toy-alone", &dir.join("toy-steps.txt"));
+    // A port nobody listens on.
+    let closed = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let d = Daemon::start_with_sections(&dir, pod.host_pid, 300, &pods_section(closed));
+    d.wait_for("attached engine", Duration::from_secs(30), |d| {
+        d.engine().is_some()
+    });
+    let id = d.engine().unwrap()["identity"].clone();
+    assert_eq!(id["pod_uid"], pod.spec.uid.as_str(), "{id}");
+    assert_eq!(id["container_id"], pod.spec.container_id.as_str(), "{id}");
+    assert!(id["pod"].is_null() && id["namespace"].is_null(), "{id}");
+    // Rescans go on (every 500 ms) without saying it again.
+    std::thread::sleep(Duration::from_secs(3));
+    let said = d.log().matches("pod names unavailable").count();
+    assert_eq!(said, 1, "{}", d.log());
+    let metrics = http_get(d.port, "/metrics");
+    assert!(
+        series_of(&metrics, pod.host_pid)
+            .iter()
+            .all(|l| l.contains(&format!("pod_uid=\"{}\"", pod.spec.uid)) && l.contains("pod=\"\"")),
+        "{metrics}"
+    );
+    drop(d);
+    drop(pod);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -26,6 +26,7 @@ use std::{
 use serde_json::Value;
 
 mod common;
+use common::kubelet::{pod_list, pods_section, series_of, stand_in_kubelet};
 use common::{free_port, http_get, medians_by, require_root, stallscope, start_hog, Hog, Proc};
 
 /// Decode iterations of steady load after the model is fitted: 10,000 (about 10 minutes at
@@ -266,6 +267,28 @@ fn sentinel_on_real_vllm() {
     let dir = std::env::temp_dir().join(format!("stallscope-vllm-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    // `cargo xtask test` serves vLLM in a pod (`vllm up --isolated`); the node's pod list
+    // comes from a stand-in kubelet.
+    let pod = &server["pod"];
+    let pod_field = |k: &str| -> String {
+        pod[k]
+            .as_str()
+            .unwrap_or_else(|| {
+                panic!("vLLM is not in a pod (cargo xtask vllm up --isolated): {server}")
+            })
+            .to_string()
+    };
+    let spec = sys_util::pod::Pod {
+        name: pod_field("name"),
+        uid: pod_field("uid"),
+        container_id: pod_field("container_id"),
+        cgroups: Vec::new(),
+    };
+    let (kubelet, _) = stand_in_kubelet(pod_list(
+        &pod_field("namespace"),
+        &spec,
+        &pod_field("container"),
+    ));
 
     // Load first: an idle engine's main thread waits in a futex and cannot run the probe's
     // attach request (the daemon retries until it is busy).
@@ -315,7 +338,7 @@ fn sentinel_on_real_vllm() {
             "iterations_csv = \"\"",
             &format!("iterations_csv = \"{}/iterations.csv\"", dir.display()),
         );
-    std::fs::write(dir.join("config.toml"), cfg).unwrap();
+    std::fs::write(dir.join("config.toml"), cfg + &pods_section(kubelet)).unwrap();
     let daemon_log = dir.join("daemon.log");
     let mut daemon = Proc::spawn(
         stallscope()
@@ -352,6 +375,14 @@ fn sentinel_on_real_vllm() {
     let e = engine(port).unwrap();
     assert_eq!(e["framework"], "vllm");
     assert_eq!(e["anchor"], "vllm.v1.engine.core:EngineCore.step");
+    // The engine is named by its pod, and has its own pid there.
+    for k in ["namespace", "container", "container_id"] {
+        assert_eq!(e["identity"][k], pod_field(k).as_str(), "{e}");
+    }
+    assert_eq!(e["identity"]["pod"], spec.name.as_str(), "{e}");
+    assert_eq!(e["identity"]["pod_uid"], spec.uid.as_str(), "{e}");
+    let in_pod = e["identity"]["pid_in_container"].as_u64().unwrap_or(0);
+    assert!(in_pod > 1 && in_pod != engine_pid, "{e}");
     // The engine's pace on this CPU, by stallscope's own count (the counts themselves are
     // checked against vLLM's log below).
     std::thread::sleep(RATE_WINDOW);
@@ -399,6 +430,16 @@ fn sentinel_on_real_vllm() {
     let steady = steady_started.elapsed();
     let alerts: Value = serde_json::from_str(&http_get(port, "/api/v1/alerts")).unwrap();
     let metrics = http_get(port, "/metrics");
+    let series = series_of(&metrics, engine_pid as u32);
+    assert!(
+        series.len() > 10
+            && series
+                .iter()
+                .all(|l| l.contains(&format!("pod_uid=\"{}\"", spec.uid))
+                    && l.contains(&format!("pod=\"{}\"", spec.name))
+                    && l.contains(&format!("container_id=\"{}\"", spec.container_id))),
+        "every series of the engine carries its pod: {series:?}"
+    );
     let timed = parse_log(&log_path);
     let window_lines = &timed[log_at_fit.min(timed.len())..];
     let mut window: Vec<f64> = window_lines.iter().map(|l| l.elapsed_ms).collect();
@@ -660,6 +701,23 @@ fn sentinel_on_real_vllm() {
     drop(hog);
     let dive = dives().into_iter().find(|d| d["id"] == id).unwrap();
     println!("deep dive under the hog: {dive}");
+    assert_eq!(alert["identity"]["pod_uid"], spec.uid.as_str(), "{alert}");
+    // The trace's processes name the pod.
+    let trace = std::fs::read(dive["trace"].as_str().unwrap()).unwrap();
+    let decoded = perfetto_writer::read::decode(&trace).unwrap();
+    let place = format!(
+        "[{}/{}/{}]",
+        pod_field("namespace"),
+        spec.name,
+        pod_field("container")
+    );
+    assert!(
+        decoded
+            .tracks
+            .values()
+            .any(|t| t.name.contains("in its container") && t.name.contains(&place)),
+        "no process of the trace names the pod {place}"
+    );
     let report: Value =
         serde_json::from_slice(&std::fs::read(dive["report"].as_str().unwrap()).unwrap()).unwrap();
     println!(

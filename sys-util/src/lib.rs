@@ -1,7 +1,9 @@
 //! What every stallscope crate, xtask and the tests share of the operating system: the
-//! clocks, a loopback HTTP/1.0 client and a process-group guard. It depends on libc alone, so
+//! clocks, a plain HTTP/1.0 client, a process-group guard, and pods made of namespaces and
+//! cgroups. It depends on libc alone, so
 //! that the agent injected into engines can use it too.
 
 pub mod clock;
 pub mod http;
+pub mod pod;
 pub mod process;

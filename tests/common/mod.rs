@@ -13,6 +13,7 @@ use std::{
 use sys_util::process::Group;
 
 pub mod daemon;
+pub mod kubelet;
 
 /// The stallscope binary (`cargo xtask test` builds it and sets STALLSCOPE_BIN).
 pub fn stallscope() -> Command {

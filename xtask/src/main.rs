@@ -115,10 +115,10 @@ fn main() -> Result<()> {
 }
 
 /// The sentinel's end-to-end test against a real vLLM server (tests/sentinel_vllm.rs, about
-/// 15 minutes): brings the server up, runs the test with its JSON in STALLSCOPE_VLLM, and
-/// stops the server whatever the outcome.
+/// 15 minutes): brings the server up in a pod (`--isolated`, as a DaemonSet finds engines),
+/// runs the test with its JSON in STALLSCOPE_VLLM, and stops the server whatever the outcome.
 fn vllm_end_to_end() -> Result<()> {
-    let server = vllm::up(8000, None, None)?;
+    let server = vllm::up(8000, None, None, true)?;
     let result = run_checked(
         Command::new(env!("CARGO"))
             .args([

@@ -20,6 +20,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use serde_json::json;
+use sys_util::pod::Pod;
 
 use crate::{
     run_checked,
@@ -48,8 +49,9 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 pub enum Vllm {
     /// Build (or reuse) the venv and the model, start the OpenAI server detached, wait until it
     /// answers, measure its decode step, and print one JSON line: {"api_pid", "engine_pid",
-    /// "port", "log", "model_dir", "sizing"}. "sizing" says which dtype and model size were
-    /// served, on which CPU, the decode step measured at batch 8, and why.
+    /// "port", "log", "model_dir", "sizing", "pod"}. "sizing" says which dtype and model size
+    /// were served, on which CPU, the decode step measured at batch 8, and why; "pod" (with
+    /// `--isolated`) names the pod the server runs in.
     ///
     /// The dtype is bfloat16 where the CPU has AVX512-BF16 or AMX, else float32. The model is
     /// the largest size whose median decode step at batch 8 is at most 70 ms (the range the
@@ -66,6 +68,10 @@ pub enum Vllm {
         /// Serve this model size, whatever its step (`small`, `medium`, `compact`, `mini`).
         #[arg(long, value_parser = ["small", "medium", "compact", "mini"])]
         size: Option<String>,
+        /// Run the server in a pod made of the kernel's own parts: its own PID, mount, IPC and
+        /// UTS namespaces, private /dev/shm and /tmp, a kubelet-shaped cgroup (host network).
+        #[arg(long)]
+        isolated: bool,
     },
     /// Send a bounded stream of /v1/completions requests and print a one-line JSON summary;
     /// fails if any request failed.
@@ -97,13 +103,19 @@ pub enum Vllm {
 /// Runs one `cargo xtask vllm` subcommand.
 pub fn run(cmd: Vllm) -> Result<()> {
     match cmd {
-        Vllm::Up { port, dtype, size } => {
+        Vllm::Up {
+            port,
+            dtype,
+            size,
+            isolated,
+        } => {
             println!(
                 "{}",
                 up(
                     port,
                     dtype.as_deref(),
-                    size.as_deref().and_then(Size::named)
+                    size.as_deref().and_then(Size::named),
+                    isolated
                 )?
             );
             Ok(())
@@ -269,6 +281,36 @@ fn ensure_model(python: &Path, size: Size) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The pod `--isolated` runs the server in: its host name, and the names the tests' stand-in
+/// kubelet gives it.
+const POD_NAME: &str = "vllm-0";
+const POD_NAMESPACE: &str = "serving";
+const POD_CONTAINER: &str = "engine";
+
+fn pod_to_json(p: &Pod) -> serde_json::Value {
+    json!({
+        "namespace": POD_NAMESPACE,
+        "name": p.name,
+        "container": POD_CONTAINER,
+        "uid": p.uid,
+        "container_id": p.container_id,
+        "cgroups": p.cgroups,
+    })
+}
+
+fn pod_from_json(v: &serde_json::Value) -> Option<Pod> {
+    Some(Pod {
+        name: v["name"].as_str()?.to_string(),
+        uid: v["uid"].as_str()?.to_string(),
+        container_id: v["container_id"].as_str()?.to_string(),
+        cgroups: v["cgroups"]
+            .as_array()?
+            .iter()
+            .filter_map(|c| Some(PathBuf::from(c.as_str()?)))
+            .collect(),
+    })
+}
+
 /// The server `up` started, as recorded in its state file (and printed by `up`).
 struct Server {
     api_pid: i32,
@@ -278,6 +320,8 @@ struct Server {
     model_dir: PathBuf,
     /// What was served and why (see [`Vllm::Up`]); null until the step is measured.
     sizing: serde_json::Value,
+    /// The pod it runs in (`--isolated`).
+    pod: Option<Pod>,
 }
 
 impl Server {
@@ -306,6 +350,7 @@ impl Server {
             log: PathBuf::from(v["log"].as_str().unwrap_or_default()),
             model_dir: PathBuf::from(v["model_dir"].as_str().unwrap_or_default()),
             sizing: v["sizing"].clone(),
+            pod: pod_from_json(&v["pod"]),
         }))
     }
 
@@ -317,6 +362,7 @@ impl Server {
             "log": self.log,
             "model_dir": self.model_dir,
             "sizing": self.sizing,
+            "pod": self.pod.as_ref().map(pod_to_json),
         })
         .to_string()
     }
@@ -430,13 +476,24 @@ fn log_tail(log: &Path) -> String {
 /// `cargo xtask vllm up`.
 /// Brings the server up (or finds it running) and returns its JSON line. `dtype` and `size`
 /// override the choices described at [`Vllm::Up`].
-pub fn up(port: u16, dtype: Option<&str>, size: Option<Size>) -> Result<String> {
+pub fn up(port: u16, dtype: Option<&str>, size: Option<Size>, isolated: bool) -> Result<String> {
     if let Some(server) = Server::load()? {
         if !server.processes().is_empty() {
             if server.port != port {
                 bail!(
                     "a vLLM server is already running on port {} (pid {}): run cargo xtask vllm down first",
                     server.port,
+                    server.api_pid
+                );
+            }
+            if server.pod.is_some() != isolated {
+                bail!(
+                    "a vLLM server is already running{} (pid {}): run cargo xtask vllm down first",
+                    if isolated {
+                        " outside a pod"
+                    } else {
+                        " in a pod"
+                    },
                     server.api_pid
                 );
             }
@@ -458,13 +515,28 @@ pub fn up(port: u16, dtype: Option<&str>, size: Option<Size>) -> Result<String> 
     let chosen = Chosen::new(&cpu, dtype)?;
     let mut serve = size.or_else(|| chosen.load()).unwrap_or(SIZES[0]);
     let mut measured = Vec::new();
+    let pod = isolated
+        .then(|| Pod::create(POD_NAME))
+        .transpose()
+        .context("making the pod's cgroups (--isolated needs root and cgroup v2)")?;
     loop {
         let model = ensure_model(&python, serve)?;
-        let mut server = start(&python, &model, port, dtype)?;
+        let mut server = match start(&python, &model, port, dtype, pod.as_ref()) {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(p) = &pod {
+                    p.remove();
+                }
+                return Err(e);
+            }
+        };
         let step = match measure_step(&python, &server) {
             Ok(step) => step,
             Err(e) => {
                 stop_group(server.api_pid);
+                if let Some(p) = &pod {
+                    p.remove();
+                }
                 return Err(e);
             }
         };
@@ -584,8 +656,8 @@ fn measure_step(python: &Path, server: &Server) -> Result<f64> {
     }
 }
 
-/// Starts the server on `model` in `dtype` and waits until it answers.
-fn start(python: &Path, model: &Path, port: u16, dtype: &str) -> Result<Server> {
+/// Starts the server on `model` in `dtype` (in `pod`, if given) and waits until it answers.
+fn start(python: &Path, model: &Path, port: u16, dtype: &str, pod: Option<&Pod>) -> Result<Server> {
     if http_status(port, "/").is_some() {
         bail!("port {port} is already in use by another server");
     }
@@ -595,8 +667,11 @@ fn start(python: &Path, model: &Path, port: u16, dtype: &str) -> Result<Server> 
     // setsid(1) execs the server in place (the child is no group leader, so it does not fork):
     // the server leads its own session and process group (pgid = its pid), which `down`
     // signals as a whole.
+    // In a pod, unshare(1) leads the group and forks the namespace's first process, which
+    // joins the container's cgroup and execs the server.
     let mut cmd = offline(Command::new("setsid"));
-    cmd.arg(python)
+    cmd.args(pod.map(Pod::prefix).unwrap_or_default())
+        .arg(python)
         .args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
         .arg(model)
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
@@ -641,6 +716,7 @@ fn start(python: &Path, model: &Path, port: u16, dtype: &str) -> Result<Server> 
         log,
         model_dir: model.to_path_buf(),
         sizing: serde_json::Value::Null,
+        pod: pod.cloned(),
     })
 }
 
@@ -770,6 +846,9 @@ pub fn down() -> Result<()> {
     } else {
         let pids = stop_group(server.api_pid);
         eprintln!("vllm: stopped {pids:?}");
+    }
+    if let Some(p) = &server.pod {
+        p.remove();
     }
     fs::remove_file(Server::state_file())?;
     Ok(())

@@ -145,6 +145,35 @@ pub fn write<W: Write>(
     };
     // Capture windows and the summary of what was left out.
     let capture = b.w.child(engine, "stallscope capture")?;
+    // Where the engine runs: its pod and container (each field only where known), first on
+    // the capture track, whose events go forward in time.
+    let id = &c.identity;
+    let container_pid = id.pid_in_container.map(u64::from);
+    let fields = [
+        ("namespace", id.namespace.as_deref()),
+        ("pod", id.pod.as_deref()),
+        ("container", id.container.as_deref()),
+        ("pod_uid", id.pod_uid.as_deref()),
+        ("container_id", id.container_id.as_deref()),
+        ("runtime", id.runtime),
+    ];
+    let mut identity_args: Vec<Arg<'_>> = fields
+        .iter()
+        .filter_map(|&(k, v)| Some(Arg::new(k, Value::Str(v?))))
+        .collect();
+    identity_args.extend(container_pid.map(|p| Arg::new("container_pid", Value::Uint(p))));
+    if !identity_args.is_empty() {
+        b.w.instant(
+            capture,
+            c.start_ns,
+            "engine identity",
+            Extra {
+                args: &identity_args,
+                ..Extra::default()
+            },
+        )?;
+    }
+
     let mut ws = windows.to_vec();
     ws.sort_by_key(|w| w.start);
     for w in &ws {
@@ -172,34 +201,6 @@ pub fn write<W: Write>(
             ..Extra::default()
         },
     )?;
-
-    // Where the engine runs: its pod and container (each field only where known).
-    let id = &c.identity;
-    let container_pid = id.pid_in_container.map(u64::from);
-    let fields = [
-        ("namespace", id.namespace.as_deref()),
-        ("pod", id.pod.as_deref()),
-        ("container", id.container.as_deref()),
-        ("pod_uid", id.pod_uid.as_deref()),
-        ("container_id", id.container_id.as_deref()),
-        ("runtime", id.runtime),
-    ];
-    let mut identity_args: Vec<Arg<'_>> = fields
-        .iter()
-        .filter_map(|&(k, v)| Some(Arg::new(k, Value::Str(v?))))
-        .collect();
-    identity_args.extend(container_pid.map(|p| Arg::new("container_pid", Value::Uint(p))));
-    if !identity_args.is_empty() {
-        b.w.instant(
-            capture,
-            c.start_ns,
-            "engine identity",
-            Extra {
-                args: &identity_args,
-                ..Extra::default()
-            },
-        )?;
-    }
 
     // Iterations.
     let iter_track = b.w.child(engine, "iterations")?;
