@@ -155,23 +155,16 @@ fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
 
         // Its iterations are the engine's own: the counter grows by the steps the toy timed
         // between two readings (a step cut by either reading counts on one side).
-        let (before, from_ns) = (
-            counter(
-                &http_get(d.port, "/metrics"),
-                pid,
-                "stallscope_iterations_total",
-            ),
-            monotonic_ns(),
-        );
+        let reading = || {
+            let m = http_get(d.port, "/metrics");
+            (
+                counter(&m, pid, "stallscope_iterations_total"),
+                monotonic_ns(),
+            )
+        };
+        let (before, from_ns) = reading();
         std::thread::sleep(Duration::from_secs(3));
-        let (after, to_ns) = (
-            counter(
-                &http_get(d.port, "/metrics"),
-                pid,
-                "stallscope_iterations_total",
-            ),
-            monotonic_ns(),
-        );
+        let (after, to_ns) = reading();
         std::thread::sleep(Duration::from_secs(1));
         let own = toy_steps_between(&times, from_ns, to_ns) as f64;
         assert!(

@@ -387,14 +387,45 @@ impl Config {
         Ok(())
     }
 
-    /// The embedded default, or the file at `path`.
+    /// The embedded default, with the file at `path` laid over it: a file holds only the keys
+    /// it changes (a table's keys replace the default's one by one; any other value, arrays
+    /// included, replaces it whole). Then the environment's overrides:
+    /// `STALLSCOPE_DEEP_DIVE_TOKEN` for `[deep_dive] token` and `STALLSCOPE_KUBELET_URL` for
+    /// `[pods] kubelet_url` (a DaemonSet sets them from a Secret and the node's IP).
     pub fn load(path: Option<&std::path::Path>) -> Result<Self> {
-        match path {
-            None => Self::parse(DEFAULT_CONFIG, "the embedded default configuration"),
+        let mut cfg = match path {
+            None => Self::parse(DEFAULT_CONFIG, "the embedded default configuration")?,
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .with_context(|| format!("cannot read configuration file {}", p.display()))?;
-                Self::parse(&text, &p.display().to_string())
+                Self::parse_over_default(&text, &p.display().to_string())?
+            }
+        };
+        if let Ok(token) = std::env::var("STALLSCOPE_DEEP_DIVE_TOKEN") {
+            cfg.deep_dive.token = token;
+        }
+        Ok(cfg)
+    }
+
+    /// Parses `text` laid over the embedded default; `origin` names it in errors.
+    pub fn parse_over_default(text: &str, origin: &str) -> Result<Self> {
+        let mut base: toml::Table =
+            toml::from_str(DEFAULT_CONFIG).expect("the embedded default is valid TOML");
+        let over: toml::Table =
+            toml::from_str(text).with_context(|| format!("invalid configuration in {origin}"))?;
+        lay_over(&mut base, over);
+        let merged = toml::to_string(&base).expect("a TOML table serialises");
+        Self::parse(&merged, origin)
+    }
+}
+
+/// Lays `over` on `base`: tables key by key, any other value whole.
+fn lay_over(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => lay_over(b, o),
+            (_, v) => {
+                base.insert(k, v);
             }
         }
     }

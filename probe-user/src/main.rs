@@ -49,7 +49,8 @@ enum Command {
     /// sentinel (iterations, GBDT baseline, UCL alerts) and serve /metrics and the API until
     /// SIGINT/SIGTERM.
     Run {
-        /// Configuration file (default: the embedded one; see probe-user/config/default.toml).
+        /// Configuration file laid over the embedded default (probe-user/config/default.toml):
+        /// it holds only the keys it changes.
         #[arg(long)]
         config: Option<PathBuf>,
         /// Watch this engine pid instead of discovering engines (repeatable).
@@ -62,6 +63,10 @@ enum Command {
         /// Directory for fitted models and the alert log (default from the config).
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Check the configuration (the file laid over the embedded default, then the
+        /// environment's overrides), print it as the daemon would run it, and exit.
+        #[arg(long)]
+        check_config: bool,
     },
     /// Fit the decode-latency baseline on an iteration table (LatencyPrism CSV schema).
     Fit(cli::model::FitArgs),
@@ -132,6 +137,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             pid,
             listen,
             state_dir,
+            check_config,
         } => {
             let mut cfg = config::Config::load(config.as_deref())?;
             cfg.watch.pids.extend(pid);
@@ -140,6 +146,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             if let Some(d) = state_dir {
                 cfg.state.dir = d;
+            }
+            if check_config {
+                let mut shown = cfg.clone();
+                if !shown.deep_dive.token.is_empty() {
+                    shown.deep_dive.token = "(set)".into();
+                }
+                println!("{shown:#?}");
+                return Ok(());
             }
             sentinel::daemon::run(&cfg, &paths)
         }

@@ -110,21 +110,26 @@ pub fn http_get(port: u16, path: &str) -> String {
     body
 }
 
-/// The interpreter of the venv `cargo xtask setup` builds with PyPI `perfetto`.
-pub fn perfetto_python() -> PathBuf {
+/// The interpreter of the venv `cargo xtask setup` builds at `<cache>/<venv>`.
+pub fn tool_python(venv: &str) -> PathBuf {
     let cache = std::env::var_os("STALLSCOPE_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
                 .join(".cache/stallscope")
         });
-    let py = cache.join("perfetto-venv/bin/python");
+    let py = cache.join(venv).join("bin/python");
     assert!(
         py.exists(),
         "{} is missing: run cargo xtask setup",
         py.display()
     );
     py
+}
+
+/// The interpreter of the venv with PyPI `perfetto`.
+pub fn perfetto_python() -> PathBuf {
+    tool_python("perfetto-venv")
 }
 
 /// Checks a trace with PyPI perfetto's perfetto_trace_pb2; returns its summary.

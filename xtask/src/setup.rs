@@ -37,7 +37,8 @@ pub fn run() -> Result<()> {
     tracefs()?;
     packages()?;
     python_targets()?;
-    perfetto_venv()?;
+    tool_venv("perfetto-venv", &PERFETTO)?;
+    tool_venv("deploy-venv", &DEPLOY)?;
     crate::cargo(&[
         "build",
         "--release",
@@ -260,16 +261,19 @@ fn packages() -> Result<()> {
 /// deep-dive tests; its trace processor needs a download and is not used).
 const PERFETTO: [&str; 2] = ["perfetto==0.59.1", "protobuf==7.36.2"];
 
-/// The venv the trace tests decode with: `<cache>/perfetto-venv`, rebuilt only when its
-/// recipe changes.
-fn perfetto_venv() -> Result<()> {
-    let dir = cache_dir().join("perfetto-venv");
+/// What deploy/check.py renders and validates the Helm chart with: Helm v4's own template
+/// engine (helm-python-sdk wraps its library) and the Kubernetes schemas 1.25-1.37.
+const DEPLOY: [&str; 2] = ["helm-python-sdk==0.2.2", "kubernetes-validate==1.37.0"];
+
+/// A venv of `packages` at `<cache>/<name>`, rebuilt only when its recipe changes.
+fn tool_venv(name: &str, packages: &[&str]) -> Result<()> {
+    let dir = cache_dir().join(name);
     let base = pyenv_python("3.11").context("pyenv CPython 3.11 is missing")?;
-    let recipe = format!("python {}\n{}\n", base.display(), PERFETTO.join(" "));
+    let recipe = format!("python {}\n{}\n", base.display(), packages.join(" "));
     if crate::vllm::is_current(&dir, &recipe) {
         return Ok(());
     }
-    eprintln!("setup: building {} ({})", dir.display(), PERFETTO.join(" "));
+    eprintln!("setup: building {} ({})", dir.display(), packages.join(" "));
     let uv = crate::vllm::uv(&base)?;
     let _ = std::fs::remove_dir_all(&dir);
     let uv_cmd = || {
@@ -288,7 +292,7 @@ fn perfetto_venv() -> Result<()> {
         uv_cmd()
             .args(["pip", "install", "--quiet", "--python"])
             .arg(dir.join("bin/python"))
-            .args(PERFETTO),
+            .args(packages),
     )?;
     std::fs::write(crate::vllm::stamp(&dir), recipe)?;
     Ok(())

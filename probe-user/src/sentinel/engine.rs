@@ -268,6 +268,10 @@ impl Engine {
         m.anomaly_active
             .with_label_values(&pid)
             .set(i64::from(self.sentinel.alerting()));
+        // Counters are exported from the engine's first status on, at 0: rate() and
+        // increase() need a sample before the first increment.
+        let _ = m.alerts.with_label_values(&pid);
+        let _ = m.lost_records.with_label_values(&pid);
         m.engines
             .with_label_values(&self.labels.with(&[&self.framework]))
             .set(1);
