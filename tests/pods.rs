@@ -42,7 +42,14 @@ impl Pod {
     fn start(python_version: &str, name: &str, times: &Path) -> Pod {
         let spec = sys_util::pod::Pod::create(name).unwrap();
         let prefix = spec.prefix();
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_engine.py");
+        // Beside the steps file, outside /tmp: the pod's private /tmp hides the host's, where
+        // the checkout may be.
+        let script = times.with_file_name("py_engine.py");
+        std::fs::copy(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_engine.py"),
+            &script,
+        )
+        .unwrap();
         let (proc, first, _) = Proc::spawn_ready(
             Command::new(&prefix[0])
                 .args(&prefix[1..])

@@ -186,12 +186,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Check => {
             let f = Features::detect(&paths);
-            for (what, ok, detail) in f.describe() {
-                println!(
-                    "{:<36} {:<4} {detail}",
-                    what,
-                    if ok { "ok" } else { "MISSING" }
-                );
+            for (what, status, detail) in f.describe() {
+                println!("{what:<36} {status:<7} {detail}");
             }
             f.require()?;
             let plane = kernel_plane::KernelPlane::load(&f)?;

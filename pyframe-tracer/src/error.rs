@@ -113,8 +113,8 @@ pub enum Error {
     /// A PEP 768 request (CPython 3.14+) could not be sent.
     #[error(transparent)]
     Pep768(#[from] crate::pep768::Pep768Error),
-    /// An OS error with what we were doing.
-    #[error("{what}: {source}")]
+    /// An OS error with what we were doing (the cause follows in the error's chain).
+    #[error("{what}")]
     Io {
         /// What we were doing.
         what: String,

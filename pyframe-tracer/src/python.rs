@@ -80,13 +80,21 @@ pub fn find(pid: i32) -> Result<PythonRuntime> {
         .map(|p| p.to_string_lossy().into_owned());
     let candidate = |m: &Mapping| m.file_name().contains("python") || Some(&m.path) == exe.as_ref();
     let mut seen = Vec::new();
+    // A candidate stallscope may not read (another user's process, without CAP_SYS_PTRACE)
+    // is reported as such, not as "not Python".
+    let mut denied = None;
     for m in mappings.iter().filter(|m| candidate(m)) {
         if seen.contains(&m.path) {
             continue;
         }
         seen.push(m.path.clone());
-        let Ok(Some(module)) = symbols::load_module(pid, &mappings, |x| x.path == m.path) else {
-            continue;
+        let module = match symbols::load_module(pid, &mappings, |x| x.path == m.path) {
+            Ok(Some(module)) => module,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                denied.get_or_insert((m.path.clone(), e));
+                continue;
+            }
+            _ => continue,
         };
         let Some(add_pending_call) = module.symbol("Py_AddPendingCall") else {
             continue;
@@ -125,6 +133,19 @@ pub fn find(pid: i32) -> Result<PythonRuntime> {
             });
         }
         return Ok(rt);
+    }
+    if let Some((path, e)) = denied {
+        // /proc/PID/root is behind the ptrace access check; the file below it behind its
+        // own permissions.
+        if let Err(e) = std::fs::read_link(format!("/proc/{pid}/root")) {
+            return Err(gone_or(pid, e, "reading its root directory"));
+        }
+        return Err(Error::io(
+            format!(
+                "reading {path}, the interpreter of process {pid}, is not permitted: stallscope needs CAP_DAC_READ_SEARCH to read the files of engines run by another user (or run it as root)"
+            ),
+            e,
+        ));
     }
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
         .unwrap_or_default()

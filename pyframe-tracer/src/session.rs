@@ -1,7 +1,7 @@
 //! An attachment to one Python process: ring, probe, watched functions; drain records; detach.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -426,10 +426,26 @@ fn give_to_target(pid: i32, path: &std::path::Path) -> Result<()> {
             .and_then(|v| v.parse::<u32>().ok())
     };
     let (uid, gid) = (id("Uid"), id("Gid"));
-    std::os::unix::fs::chown(path, uid, gid)
-        .map_err(|e| Error::io(format!("giving {} to the target's user", path.display()), e))?;
+    // Mode first: once the file is the target's, only its owner (or CAP_FOWNER) may change it.
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| Error::io(format!("chmod {}", path.display()), e))
+        .map_err(|e| Error::io(format!("chmod {}", path.display()), e))?;
+    let ours =
+        std::fs::metadata(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    if uid == Some(ours.uid()) && gid == Some(ours.gid()) {
+        return Ok(());
+    }
+    std::os::unix::fs::chown(path, uid, gid).map_err(|e| {
+        let what = if e.kind() == std::io::ErrorKind::PermissionDenied {
+            format!(
+                "giving {} to the target's user (uid {}) needs CAP_CHOWN when stallscope runs as another user: grant it, or run stallscope as root",
+                path.display(),
+                uid.unwrap_or_default()
+            )
+        } else {
+            format!("giving {} to the target's user", path.display())
+        };
+        Error::io(what, e)
+    })
 }
 
 #[cfg(test)]

@@ -93,6 +93,11 @@ impl Pod {
         .to_vec()
     }
 
+    /// Whether the pod's private /tmp or /dev/shm hide `path` from its processes.
+    pub fn hides(path: &Path) -> bool {
+        path.starts_with("/tmp") || path.starts_with("/dev/shm")
+    }
+
     /// Removes the pod's cgroups, waiting up to a second for its processes to be reaped.
     pub fn remove(&self) {
         for c in &self.cgroups {

@@ -49,6 +49,23 @@ pub fn expect_failure(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// The capabilities stallscope needs without root (README, Requirements), as setpriv names
+/// them.
+pub const CAPABILITIES: [&str; 5] = ["bpf", "perfmon", "sys_ptrace", "chown", "dac_read_search"];
+
+/// `stallscope` run as nobody with only `caps` (setpriv's names), inheritable and ambient so
+/// that they survive the change of user.
+pub fn stallscope_with_caps(caps: &[&str]) -> Command {
+    let list: Vec<String> = caps.iter().map(|c| format!("+{c}")).collect();
+    let list = list.join(",");
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(format!("--inh-caps=-all,{list}"))
+        .arg(format!("--ambient-caps=-all,{list}"))
+        .arg(stallscope().get_program());
+    c
+}
+
 /// `stallscope` run as nobody with no capabilities at all (setpriv), for the missing-privilege errors.
 pub fn stallscope_unprivileged() -> Command {
     let mut c = Command::new("setpriv");

@@ -521,6 +521,18 @@ pub fn up(port: u16, dtype: Option<&str>, size: Option<Size>, isolated: bool) ->
         .context("making the pod's cgroups (--isolated needs root and cgroup v2)")?;
     loop {
         let model = ensure_model(&python, serve)?;
+        if let Some(path) = [&python, &model]
+            .into_iter()
+            .find(|p| pod.is_some() && Pod::hides(p))
+        {
+            if let Some(p) = &pod {
+                p.remove();
+            }
+            bail!(
+                "--isolated: the pod's private /tmp and /dev/shm would hide {}: set STALLSCOPE_CACHE to a directory outside them",
+                path.display()
+            );
+        }
         let mut server = match start(&python, &model, port, dtype, pod.as_ref()) {
             Ok(s) => s,
             Err(e) => {

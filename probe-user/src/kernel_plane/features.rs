@@ -5,6 +5,8 @@ use std::{fmt, fs, path::PathBuf};
 
 use aya::programs::ProgramType;
 
+use crate::os::caps::{CapSet, CAP_BPF, CAP_PERFMON, USED};
+
 /// Where to look for the kernel's BTF and tracefs (overridable for containers and tests).
 #[derive(Clone, Debug)]
 pub struct KernelPaths {
@@ -23,11 +25,6 @@ impl Default for KernelPaths {
     }
 }
 
-/// Linux capability numbers used here (see capabilities(7)).
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_PERFMON: u32 = 38;
-const CAP_BPF: u32 = 39;
-
 /// Tracepoints (tracefs `events/` paths) the probes attach to.
 const TRACEPOINTS: [&str; 6] = [
     "sched/sched_switch",
@@ -43,8 +40,8 @@ const TRACEPOINTS: [&str; 6] = [
 pub struct Features {
     /// Paths that were checked.
     pub paths: KernelPaths,
-    /// Effective capability bitmask of this process.
-    pub cap_eff: u64,
+    /// This process's effective capabilities.
+    pub caps: CapSet,
     /// Kernel BTF is readable.
     pub btf: bool,
     /// tracefs is mounted and lists the needed tracepoints; otherwise the first one missing.
@@ -73,15 +70,15 @@ impl std::error::Error for Missing {}
 impl Features {
     /// Probes the kernel. Program-type probes are skipped without privileges (they would fail).
     pub fn detect(paths: &KernelPaths) -> Self {
-        let cap_eff = effective_caps();
-        let privileged = has_bpf_privileges(cap_eff);
+        let caps = CapSet::effective();
+        let privileged = caps.can_load_bpf();
         let btf = fs::File::open(&paths.btf).is_ok();
         let tracefs = check_tracefs(paths);
         let raw_tracepoint = privileged
             && aya::sys::is_program_supported(ProgramType::RawTracePoint).unwrap_or(false);
         Self {
             paths: paths.clone(),
-            cap_eff,
+            caps,
             btf,
             tracefs,
             raw_tracepoint,
@@ -91,13 +88,18 @@ impl Features {
     /// Ok when the kernel plane can load; otherwise every missing piece with its fix.
     pub fn require(&self) -> Result<(), Missing> {
         let mut missing = Vec::new();
-        if !has_bpf_privileges(self.cap_eff) {
-            missing.push(
-                "missing privileges: loading eBPF probes needs CAP_BPF and CAP_PERFMON \
-                 (or CAP_SYS_ADMIN); run stallscope as root, or grant them with \
-                 `setcap cap_bpf,cap_perfmon,cap_sys_ptrace+ep /path/to/stallscope`"
-                    .to_string(),
-            );
+        if !self.caps.can_load_bpf() {
+            let lacking: Vec<&str> = [CAP_BPF, CAP_PERFMON]
+                .iter()
+                .filter(|c| !self.caps.has(**c))
+                .map(|c| c.name)
+                .collect();
+            missing.push(format!(
+                "missing {}: loading eBPF probes needs CAP_BPF and CAP_PERFMON \
+                 (or CAP_SYS_ADMIN); run stallscope as root, or grant them (with the \
+                 Python plane's): `setcap cap_bpf,cap_perfmon,cap_sys_ptrace,cap_chown,cap_dac_read_search+ep /path/to/stallscope`",
+                lacking.join(" and ")
+            ));
         }
         if !self.btf {
             missing.push(format!(
@@ -109,7 +111,7 @@ impl Features {
         if let Err(e) = &self.tracefs {
             missing.push(e.clone());
         }
-        if has_bpf_privileges(self.cap_eff) && !self.raw_tracepoint {
+        if self.caps.can_load_bpf() && !self.raw_tracepoint {
             missing.push(
                 "the kernel refuses raw_tracepoint programs (needs CONFIG_BPF_EVENTS=y and \
                  no lockdown of BPF)"
@@ -123,22 +125,33 @@ impl Features {
         }
     }
 
-    /// One line per feature, for `stallscope check`.
-    pub fn describe(&self) -> Vec<(String, bool, String)> {
-        vec![
-            (
-                "privileges (CAP_BPF+CAP_PERFMON)".into(),
-                has_bpf_privileges(self.cap_eff),
-                format!("CapEff={:#x}", self.cap_eff),
-            ),
+    /// One line per feature, for `stallscope check`: what, `ok`/`MISSING` (or, for a
+    /// capability only some uses need, `held`/`absent`), and the detail.
+    pub fn describe(&self) -> Vec<(String, &'static str, String)> {
+        let status = |ok: bool| if ok { "ok" } else { "MISSING" };
+        let mut rows = vec![(
+            "eBPF privileges".into(),
+            status(self.caps.can_load_bpf()),
+            "CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN".to_string(),
+        )];
+        // Which capabilities are needed depends on the kernel and on whose engines
+        // stallscope attaches to: each is listed with what it is for.
+        for c in USED {
+            rows.push((
+                format!("  {}", c.name),
+                if self.caps.has(c) { "held" } else { "absent" },
+                c.used_for.to_string(),
+            ));
+        }
+        rows.extend([
             (
                 "kernel BTF".into(),
-                self.btf,
+                status(self.btf),
                 self.paths.btf.display().to_string(),
             ),
             (
                 "tracefs".into(),
-                self.tracefs.is_ok(),
+                status(self.tracefs.is_ok()),
                 match &self.tracefs {
                     Ok(()) => self.paths.tracefs.display().to_string(),
                     Err(e) => e.clone(),
@@ -146,33 +159,24 @@ impl Features {
             ),
             (
                 "raw_tracepoint programs".into(),
-                self.raw_tracepoint,
+                status(self.raw_tracepoint),
                 String::new(),
             ),
-        ]
+        ]);
+        rows
     }
-}
-
-/// CAP_BPF+CAP_PERFMON, or CAP_SYS_ADMIN, in the effective set.
-fn has_bpf_privileges(cap_eff: u64) -> bool {
-    let has = |c: u32| cap_eff & (1u64 << c) != 0;
-    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
-}
-
-/// The effective capability set from /proc/self/status (0 when unreadable).
-fn effective_caps() -> u64 {
-    fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .unwrap_or(0)
 }
 
 fn check_tracefs(paths: &KernelPaths) -> Result<(), String> {
     let root = &paths.tracefs;
+    if let Err(e) = fs::read_dir(root) {
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            return Err(format!(
+                "tracefs at {} is not readable by this user: checking the tracepoints needs CAP_DAC_READ_SEARCH (or root)",
+                root.display()
+            ));
+        }
+    }
     if !root.join("events").is_dir() {
         return Err(format!(
             "tracefs is not mounted at {}: mount it with `mount -t tracefs none {}` \
@@ -195,14 +199,6 @@ fn check_tracefs(paths: &KernelPaths) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn privileges_need_bpf_and_perfmon_or_sys_admin() {
-        assert!(!has_bpf_privileges(0));
-        assert!(!has_bpf_privileges(1 << CAP_BPF));
-        assert!(has_bpf_privileges(1 << CAP_BPF | 1 << CAP_PERFMON));
-        assert!(has_bpf_privileges(1 << CAP_SYS_ADMIN));
-    }
 
     #[test]
     fn missing_tracefs_names_the_path_and_the_fix() {

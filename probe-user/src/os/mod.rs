@@ -1,6 +1,7 @@
-//! What the daemon needs of the operating system, below every plane: clocks, `/proc`, the
-//! scheduling of its own threads, and stoppable worker threads.
+//! What the daemon needs of the operating system, below every plane: clocks, `/proc`, its
+//! capabilities, the scheduling of its own threads, and stoppable worker threads.
 
+pub mod caps;
 pub mod clock;
 pub mod procfs;
 pub mod sched;
