@@ -8,6 +8,7 @@
 //! read-only port does.
 
 use std::{
+    io::BufRead,
     net::TcpListener,
     path::{Path, PathBuf},
     process::Command,
@@ -21,7 +22,8 @@ mod common;
 use common::daemon::Daemon;
 use common::kubelet::{pod_list, pods_section, series_of, stand_in_kubelet};
 use common::{
-    http_get, python, python_check, require_root, start_hog, toy_steps_between, Proc, TOY_HOG,
+    expect_json, http_get, python, python_check, require_root, stallscope, start_hog,
+    toy_steps_between, Proc, TOY_HOG,
 };
 use perfetto_writer::read;
 use sys_util::clock::monotonic_ns;
@@ -29,37 +31,66 @@ use sys_util::clock::monotonic_ns;
 const NAMESPACE: &str = "serving";
 const CONTAINER: &str = "engine";
 
-/// The toy engine in a pod of its own, pinned to CPU 0; killed, and its cgroups removed, on
+/// A test target in a pod of its own, pinned to CPU 0; killed, and its cgroups removed, on
 /// drop.
 struct Pod {
     proc: Option<Proc>,
-    /// The engine's pid in the host's PID namespace (in its own, it is 1).
+    /// The target's pid in the host's PID namespace (in its own, it is 1).
     host_pid: u32,
     spec: sys_util::pod::Pod,
 }
 
 impl Pod {
-    fn start(python_version: &str, name: &str, times: &Path) -> Pod {
+    /// The toy engine, timing its steps into `times`.
+    fn toy(python_version: &str, name: &str, times: &Path) -> Pod {
+        let times_env = times.to_str().unwrap();
+        Pod::start(
+            python_version,
+            name,
+            times.parent().unwrap(),
+            "py_engine.py",
+            &[],
+            &[("STALLSCOPE_TOY_TIMES", times_env)],
+        )
+    }
+
+    /// tests/targets/`script` run by CPython `python_version` with `args` and `env`. The
+    /// script is copied into `dir`, outside /tmp: the pod's private /tmp hides the host's,
+    /// where the checkout may be. Its first line says it is ready (and, if it says a pid,
+    /// that it is 1); the rest of its output is read and dropped.
+    fn start(
+        python_version: &str,
+        name: &str,
+        dir: &Path,
+        script: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Pod {
         let spec = sys_util::pod::Pod::create(name).unwrap();
         let prefix = spec.prefix();
-        // Beside the steps file, outside /tmp: the pod's private /tmp hides the host's, where
-        // the checkout may be.
-        let script = times.with_file_name("py_engine.py");
+        let copy = dir.join(script);
         std::fs::copy(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_engine.py"),
-            &script,
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("targets")
+                .join(script),
+            &copy,
         )
         .unwrap();
-        let (proc, first, _) = Proc::spawn_ready(
+        let (proc, first, rest) = Proc::spawn_ready(
             Command::new(&prefix[0])
                 .args(&prefix[1..])
                 .args(["taskset", "-c", "0"])
                 .arg(python(python_version))
-                .arg(script)
-                .env("STALLSCOPE_TOY_TIMES", times),
-            "ready ",
+                .arg(copy)
+                .args(args)
+                .envs(env.iter().copied()),
+            "ready",
         );
-        assert_eq!(first.trim(), "ready 1", "the engine is pid 1 in its pod");
+        assert!(
+            matches!(first.split_whitespace().nth(1), None | Some("1")),
+            "the target is pid 1 in its pod: {first}"
+        );
+        std::thread::spawn(move || rest.lines().for_each(drop));
         let procs = std::fs::read_to_string(spec.container_cgroup().join("cgroup.procs")).unwrap();
         let host_pid: u32 = procs
             .trim()
@@ -98,10 +129,14 @@ impl Pod {
             .count()
     }
 
+    /// Whether a file of stallscope's (its ring, GPU channel or agent) is mapped in the
+    /// target. (The tests' own directories are named after stallscope too: file names only.)
     fn maps_mention_stallscope(&self) -> bool {
         std::fs::read_to_string(format!("/proc/{}/maps", self.host_pid))
             .unwrap()
-            .contains("stallscope")
+            .lines()
+            .filter_map(|l| l.rsplit('/').next())
+            .any(|name| name.starts_with("stallscope") || name.starts_with("libstallscope"))
     }
 }
 
@@ -135,7 +170,7 @@ fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let times = dir.join("toy-steps.txt");
-        let pod = Pod::start(python_version, name, &times);
+        let pod = Pod::toy(python_version, name, &times);
         let pid = pod.host_pid;
         let threads_before = pod.threads();
         let (kubelet, asked) = stand_in_kubelet(pod.pod_list());
@@ -283,7 +318,7 @@ fn without_a_kubelet_the_ids_remain_and_it_is_said_once() {
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let pod = Pod::start("3.12", "toy-alone", &dir.join("toy-steps.txt"));
+    let pod = Pod::toy("3.12", "toy-alone", &dir.join("toy-steps.txt"));
     // A port nobody listens on.
     let closed = {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -311,4 +346,140 @@ fn without_a_kubelet_the_ids_remain_and_it_is_said_once() {
     drop(d);
     drop(pod);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The GPU plane reaches an engine in a pod: its agent is copied into the pod's own /tmp
+/// (through /proc/PID/root), loaded there, and gone afterwards. The engine is the stand-in
+/// GPU loop (no GPU here), its libcupti copied beside it.
+#[test]
+fn the_gpu_plane_reaches_an_engine_in_a_pod() {
+    require_root();
+    let dir = var_tmp_dir("pods-gpu");
+    let standin = std::env::var_os("STALLSCOPE_CUPTI_STANDIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/libcupti_standin.so")
+        });
+    let lib = dir.join("libcupti.so.13");
+    std::fs::copy(&standin, &lib).unwrap();
+    let pod = Pod::start(
+        "3.12",
+        "gpu-0",
+        &dir,
+        "gpu_loop.py",
+        &[lib.to_str().unwrap()],
+        &[],
+    );
+    let out = stallscope()
+        .env("STALLSCOPE_GPU_STANDIN", "1")
+        .args([
+            "gpu",
+            "--pid",
+            &pod.host_pid.to_string(),
+            "--duration",
+            "2s",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(r["summary"]["kernels"].as_u64().unwrap() > 200, "{r}");
+    assert_eq!(r["agent_unloaded"], true, "{r}");
+    assert!(
+        pod.stallscope_files().is_empty(),
+        "left in the pod: {:?}",
+        pod.stallscope_files()
+    );
+    assert!(!pod.maps_mention_stallscope(), "the agent is still mapped");
+    drop(pod);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A hang dump and the Python injectors reach an engine in a pod.
+#[test]
+fn dumps_and_python_injectors_reach_an_engine_in_a_pod() {
+    require_root();
+    let dir = var_tmp_dir("pods-inject");
+    let times = dir.join("toy-steps.txt");
+    let pod = Pod::toy("3.12", "toy-inject", &times);
+    let pid = pod.host_pid.to_string();
+    let stacks = expect_json(stallscope().args(["dump", "--pid", &pid, "--json"]));
+    assert!(
+        stacks.to_string().contains("step"),
+        "the engine's stack is dumped: {stacks}"
+    );
+    // A synchronous stall injected into the engine's step (a 10 ms sleep before each call at
+    // 0.5) stretches every step by the toy's own clock while it is in, and no step after.
+    let walls_over = |d: Duration| -> Vec<f64> {
+        let t = monotonic_ns();
+        std::thread::sleep(d);
+        let end = monotonic_ns();
+        // The toy flushes its file every 50 steps.
+        std::thread::sleep(Duration::from_millis(800));
+        toy_walls_ms(&times, t, end)
+    };
+    let mut stall = Proc::spawn(stallscope().args([
+        "inject",
+        "python-sync-stall",
+        "--pid",
+        &pid,
+        "--intensity",
+        "0.5",
+        "--duration",
+        "4s",
+        "--function",
+        "__main__:Engine.step",
+    ]));
+    std::thread::sleep(Duration::from_millis(1000));
+    let stalled = walls_over(Duration::from_secs(2));
+    assert!(
+        stall.child().wait().unwrap().success(),
+        "the injector failed"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let mut after = walls_over(Duration::from_secs(2));
+    assert!(
+        !stalled.is_empty() && stalled.iter().all(|&ms| ms >= 10.0),
+        "steps under the stall (ms): {stalled:?}"
+    );
+    after.sort_by(f64::total_cmp);
+    assert!(
+        !after.is_empty() && after[after.len() / 2] < 10.0,
+        "steps after the stall (ms): {after:?}"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        pod.stallscope_files().is_empty(),
+        "{:?}",
+        pod.stallscope_files()
+    );
+    drop(pod);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The wall time (ms) of each step the toy timed that ended in `from_ns..to_ns`.
+fn toy_walls_ms(times: &Path, from_ns: u64, to_ns: u64) -> Vec<f64> {
+    std::fs::read_to_string(times)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(' ');
+            let end: u64 = f.next()?.parse().ok()?;
+            let wall: f64 = f.next()?.parse().ok()?;
+            (from_ns..to_ns).contains(&end).then_some(wall / 1e6)
+        })
+        .collect()
+}
+
+/// A scratch directory outside /tmp (the pods' private /tmp hides the host's).
+fn var_tmp_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(format!("/var/tmp/stallscope-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }

@@ -147,10 +147,23 @@ pub struct GpuPlane {
     clock: clock::ClockMap,
     waiting: Vec<Event>,
     detached: bool,
+    /// Host tids of the threads CUPTI names by their id in the target's PID namespace.
+    host_tids: std::cell::RefCell<std::collections::BTreeMap<u32, u32>>,
 }
 
 fn target_path(pid: u32, inside: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/root{inside}"))
+}
+
+/// The host's id of the thread of `pid` that its own PID namespace calls `ns_tid` (0: none).
+fn host_tid(pid: u32, ns_tid: u32) -> u32 {
+    if ns_tid == 0 || pod_identity::pid_in_namespace(pid) == Some(pid) {
+        return ns_tid;
+    }
+    crate::os::procfs::threads(pid)
+        .into_iter()
+        .find(|&t| pod_identity::tid_in_namespace(pid, t) == Some(ns_tid))
+        .unwrap_or(0)
 }
 
 /// Whether the library at `inside` (a path in the target) is mapped in `pid`.
@@ -168,7 +181,10 @@ impl GpuPlane {
         pyframe_tracer::python::find(pid as i32).map_err(|e| {
             anyhow::anyhow!("{e} (the GPU agent is loaded through the Python plane)")
         })?;
-        let shm_inside = format!("/dev/shm/{}", channel::file_name(pid));
+        // The agent names its channel by its own pid, which in a container is the pid in the
+        // container's PID namespace.
+        let own_pid = pod_identity::pid_in_namespace(pid).unwrap_or(pid);
+        let shm_inside = format!("/dev/shm/{}", channel::file_name(own_pid));
         let shm = target_path(pid, &shm_inside);
         if shm.exists() {
             bail!(
@@ -206,6 +222,7 @@ impl GpuPlane {
             clock: clock::ClockMap::default(),
             waiting: Vec::new(),
             detached: false,
+            host_tids: Default::default(),
         };
         let started = plane.start();
         let _ = std::fs::remove_file(&shm);
@@ -346,6 +363,14 @@ impl GpuPlane {
             Event::Api(a) => {
                 c(&mut a.start);
                 c(&mut a.end);
+                let mut known = self.host_tids.borrow_mut();
+                let ns_tid = a.thread_id;
+                let host = *known
+                    .entry(ns_tid)
+                    .or_insert_with(|| host_tid(self.pid, ns_tid));
+                if host != 0 {
+                    a.thread_id = host;
+                }
             }
             Event::Synchronization(s) => {
                 c(&mut s.start);
@@ -377,7 +402,8 @@ impl GpuPlane {
 
     /// Waits for the agent thread to end, then unloads the library; whether it is gone.
     fn unload(&self) -> bool {
-        let tid = self.channel.agent_tid();
+        // The agent says its tid as its PID namespace numbers it.
+        let tid = host_tid(self.pid, self.channel.agent_tid());
         let t = Instant::now();
         while tid != 0
             && Path::new(&format!("/proc/{}/task/{tid}", self.pid)).exists()

@@ -20,7 +20,8 @@ pub const CAP_CHOWN: Cap = Cap {
 pub const CAP_DAC_READ_SEARCH: Cap = Cap {
     number: 2,
     name: "CAP_DAC_READ_SEARCH",
-    used_for: "reading the interpreter files of engines run by another user, and tracefs (root-only)",
+    used_for:
+        "reading the interpreter files of engines run by another user, and tracefs (root-only)",
 };
 pub const CAP_SYS_PTRACE: Cap = Cap {
     number: 19,
