@@ -114,3 +114,27 @@ fn every_metric_the_dashboard_queries_is_in_a_real_scrape() {
         "the dashboard queries {missing:?}, which the daemon does not export:\n{scrape}"
     );
 }
+
+/// The daemon's image builds offline from deploy/Containerfile (buildah, from scratch) and
+/// starts: the binary answers inside it, with its libraries and nothing else.
+#[test]
+fn the_image_builds_offline_and_starts() {
+    require_root();
+    let xtask = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/xtask");
+    let tag = "stallscope-test:ci";
+    let out = Command::new(&xtask)
+        .args(["image", "--check", "--tag", tag])
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let _ = Command::new("buildah")
+        .args(["--storage-driver", "vfs", "rmi", tag])
+        .output();
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("stallscope {}", env!("CARGO_PKG_VERSION")))
+            && text.contains("engine_patterns"),
+        "{text}"
+    );
+}

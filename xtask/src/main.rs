@@ -9,6 +9,7 @@ mod bench_python;
 mod bench_sentinel;
 mod bench_trace;
 mod gpu_check;
+mod image;
 mod portable_agent;
 mod setup;
 mod vllm;
@@ -52,6 +53,16 @@ enum Task {
     /// The GPU plane on a real GPU (needs a driver and PyTorch; uses the built binaries):
     /// counts, correlation join rate, clock alignment, throughput cost, traces.
     GpuCheck,
+    /// Build the daemon's container image (deploy/Containerfile) offline with buildah, from
+    /// the release binary, the GPU agent builds and the libraries the binary loads.
+    Image {
+        /// Image name and tag.
+        #[arg(long, default_value = concat!("stallscope:", env!("CARGO_PKG_VERSION")))]
+        tag: String,
+        /// Then start a container of it (crun) and ask it for its version and configuration.
+        #[arg(long)]
+        check: bool,
+    },
     /// A real vLLM CPU server on loopback, the end-to-end target: `up`, `load`, `down`.
     Vllm {
         #[command(subcommand)]
@@ -110,6 +121,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Task::GpuCheck => gpu_check::run(),
+        Task::Image { tag, check } => image::build(&tag, check),
         Task::Vllm { cmd } => vllm::run(cmd),
     }
 }

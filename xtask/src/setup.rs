@@ -233,6 +233,8 @@ fn packages() -> Result<()> {
         ("setpriv", "util-linux"),
         ("promtool", "prometheus"),
         ("taskset", "util-linux"),
+        ("buildah", "buildah"),
+        ("crun", "crun"),
     ]
     .into_iter()
     .filter(|(bin, _)| {
