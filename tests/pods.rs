@@ -462,6 +462,75 @@ fn dumps_and_python_injectors_reach_an_engine_in_a_pod() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The CPU-quota injector throttles an engine in a pod in its own container cgroup (as its
+/// pod's limit would, without moving it out of its pod) and puts the quota back.
+#[test]
+fn the_cpu_quota_injector_throttles_a_pod_engine_in_its_own_cgroup() {
+    require_root();
+    let dir = var_tmp_dir("pods-quota");
+    let times = dir.join("toy-steps.txt");
+    let pod = Pod::toy("3.12", "toy-quota", &times);
+    let pid = pod.host_pid;
+    let cgroup = || std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let before = cgroup();
+    // The container's cgroup holding the quota: v1's `cpu` where a hybrid host has it.
+    let quota_file = pod
+        .spec
+        .container_cgroups()
+        .map(|c| (c.join("cpu.cfs_quota_us"), c.join("cpu.max")))
+        .find_map(|(v1, v2)| [v1, v2].into_iter().find(|f| f.exists()))
+        .expect("the container's cgroup has a CPU quota file");
+    let quota_before = std::fs::read_to_string(&quota_file).unwrap();
+    let steps_in = |d: Duration| {
+        let t = monotonic_ns();
+        std::thread::sleep(d);
+        let end = monotonic_ns();
+        std::thread::sleep(Duration::from_millis(800));
+        toy_steps_between(&times, t, end)
+    };
+    let calm = steps_in(Duration::from_secs(2));
+    let mut inject = Proc::spawn(stallscope().args([
+        "inject",
+        "cpu-frequency",
+        "--pid",
+        &pid.to_string(),
+        "--intensity",
+        "0.9",
+        "--duration",
+        "4s",
+    ]));
+    std::thread::sleep(Duration::from_millis(500));
+    let quota_during = std::fs::read_to_string(&quota_file).unwrap();
+    let cgroup_during = cgroup();
+    let throttled = steps_in(Duration::from_secs(2));
+    assert!(
+        inject.child().wait().unwrap().success(),
+        "the injector failed"
+    );
+    assert_ne!(
+        quota_during,
+        quota_before,
+        "no quota set in {}",
+        quota_file.display()
+    );
+    assert_eq!(
+        cgroup_during, before,
+        "the engine left its container's cgroup"
+    );
+    assert!(
+        (throttled as f64) < 0.5 * calm as f64,
+        "steps in 2 s: {calm} free, {throttled} throttled"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&quota_file).unwrap(),
+        quota_before,
+        "the quota is put back"
+    );
+    assert_eq!(cgroup(), before);
+    drop(pod);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The wall time (ms) of each step the toy timed that ended in `from_ns..to_ns`.
 fn toy_walls_ms(times: &Path, from_ns: u64, to_ns: u64) -> Vec<f64> {
     std::fs::read_to_string(times)

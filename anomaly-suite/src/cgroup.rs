@@ -1,5 +1,7 @@
-//! A temporary CPU-quota cgroup around an engine's process tree (cgroup v1 `cpu` controller
-//! or cgroup v2 `cpu.max`), always emptied back into the original cgroups and removed.
+//! A CPU quota on an engine (cgroup v1 `cpu` controller or cgroup v2 `cpu.max`), always
+//! undone. An engine in a container is throttled in its own cgroup, as its pod's limit would
+//! (moving it out would leave its pod's limits and accounting); the quota it had is put back
+//! afterwards. Any other engine's process tree is moved into a temporary cgroup, and back.
 
 use std::path::{Path, PathBuf};
 
@@ -13,6 +15,8 @@ pub struct CpuQuota {
     dir: PathBuf,
     /// Where each moved task came from: (tid or pid, original cgroup directory).
     moved: Vec<(u32, PathBuf)>,
+    /// In a container's own cgroup: each quota file and the value it had.
+    saved: Vec<(PathBuf, String)>,
     v2: bool,
     done: bool,
 }
@@ -63,6 +67,12 @@ impl CpuQuota {
     /// cgroup limited to `cpus` CPUs' worth of time.
     pub fn apply(pid: u32, cpus: f64) -> Result<CpuQuota> {
         let (root, v2) = hierarchy()?;
+        let quota = ((cpus * PERIOD_US as f64) as u64).max(1000);
+        if let Some(own) =
+            cgroup_of(pid, pid, v2).filter(|c| pod_identity::cgroup::from_path(c).is_some())
+        {
+            return Self::in_place(root.join(own.trim_start_matches('/')), quota, v2);
+        }
         let dir = root.join(format!("stallscope-inject-{pid}"));
         if dir.exists() {
             bail!(
@@ -78,10 +88,10 @@ impl CpuQuota {
         let mut q = CpuQuota {
             dir,
             moved: Vec::new(),
+            saved: Vec::new(),
             v2,
             done: false,
         };
-        let quota = ((cpus * PERIOD_US as f64) as u64).max(1000);
         let set = if v2 {
             std::fs::write(q.dir.join("cpu.max"), format!("{quota} {PERIOD_US}"))
         } else {
@@ -119,8 +129,39 @@ impl CpuQuota {
         Ok(q)
     }
 
+    /// Sets the quota on a container's own cgroup `dir`, keeping the values it replaces.
+    fn in_place(dir: PathBuf, quota: u64, v2: bool) -> Result<CpuQuota> {
+        let files: Vec<(&str, String)> = if v2 {
+            vec![("cpu.max", format!("{quota} {PERIOD_US}"))]
+        } else {
+            vec![
+                ("cpu.cfs_period_us", PERIOD_US.to_string()),
+                ("cpu.cfs_quota_us", quota.to_string()),
+            ]
+        };
+        let mut q = CpuQuota {
+            dir,
+            moved: Vec::new(),
+            saved: Vec::new(),
+            v2,
+            done: false,
+        };
+        for (name, value) in files {
+            let file = q.dir.join(name);
+            let old = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {} (needs root)", file.display()))?;
+            std::fs::write(&file, &value)
+                .with_context(|| format!("setting the CPU quota in {}", file.display()))?;
+            q.saved.push((file, old.trim().to_string()));
+        }
+        Ok(q)
+    }
+
     /// Where the quota is, for reports.
     pub fn describe(&self) -> String {
+        if !self.saved.is_empty() {
+            return format!("{} (the container's own cgroup)", self.dir.display());
+        }
         format!(
             "{} ({} {} moved)",
             self.dir.display(),
@@ -140,6 +181,22 @@ impl CpuQuota {
             return Ok(());
         }
         self.done = true;
+        if !self.saved.is_empty() {
+            // The quota first, then the period (v1 refuses a period below the quota's).
+            let mut failed = Vec::new();
+            for (file, old) in self.saved.iter().rev() {
+                if std::fs::write(file, old).is_err() {
+                    failed.push(file.display().to_string());
+                }
+            }
+            if !failed.is_empty() {
+                bail!(
+                    "could not restore {}: write the old values back",
+                    failed.join(", ")
+                );
+            }
+            return Ok(());
+        }
         let fallback = self.moved.first().map(|m| m.1.clone());
         let inside: Vec<u32> = std::fs::read_to_string(tasks(&self.dir, self.v2))
             .unwrap_or_default()

@@ -17,7 +17,7 @@ pub struct Pod {
     pub name: String,
     pub uid: String,
     pub container_id: String,
-    /// The cgroups made for it, innermost (the container's) first.
+    /// The cgroups made for it, in every hierarchy, each after its children.
     pub cgroups: Vec<PathBuf>,
 }
 
@@ -38,20 +38,30 @@ impl Pod {
             seed & 0xffff_ffff_ffff
         );
         let container_id = format!("{seed:016x}").repeat(4);
-        let mut dir = cgroup2_root()?;
-        let mut cgroups = Vec::new();
-        for s in [
+        let path = [
             "kubepods.slice".to_string(),
             "kubepods-burstable.slice".to_string(),
             format!("kubepods-burstable-pod{}.slice", uid.replace('-', "_")),
-            format!("cri-containerd-{container_id}.scope"),
-        ] {
-            dir = dir.join(s);
-            if !dir.exists() {
-                fs::create_dir(&dir).map_err(|e| {
-                    io::Error::new(e.kind(), format!("creating {}: {e}", dir.display()))
-                })?;
-                cgroups.insert(0, dir.clone());
+            format!("{CONTAINER_PREFIX}{container_id}.scope"),
+        ];
+        // The v2 hierarchy, and on a hybrid host the v1 `cpu` controller's too, as a kubelet
+        // places a container in every hierarchy.
+        let mut roots = vec![cgroup2_root()?];
+        roots.extend(cgroup1_cpu_root());
+        let mut cgroups = Vec::new();
+        for root in roots {
+            let mut dir = root;
+            for s in &path {
+                // The cpu controller down to the container, where the hierarchy offers it
+                // (cgroup v2; on a hybrid host it is v1's and this write fails, harmlessly).
+                let _ = fs::write(dir.join("cgroup.subtree_control"), "+cpu");
+                dir = dir.join(s);
+                if !dir.exists() {
+                    fs::create_dir(&dir).map_err(|e| {
+                        io::Error::new(e.kind(), format!("creating {}: {e}", dir.display()))
+                    })?;
+                    cgroups.insert(0, dir.clone());
+                }
             }
         }
         Ok(Pod {
@@ -62,16 +72,30 @@ impl Pod {
         })
     }
 
-    /// The container's cgroup.
+    /// The container's cgroup in each hierarchy (v2 last).
+    pub fn container_cgroups(&self) -> impl Iterator<Item = &PathBuf> {
+        self.cgroups.iter().filter(|c| {
+            c.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(CONTAINER_PREFIX))
+        })
+    }
+
+    /// The container's cgroup in the v2 hierarchy.
     pub fn container_cgroup(&self) -> &Path {
-        &self.cgroups[0]
+        self.container_cgroups()
+            .last()
+            .expect("a pod has a container cgroup")
     }
 
     /// The program and arguments that run the arguments that follow them in the pod.
     pub fn prefix(&self) -> Vec<String> {
+        let join: Vec<String> = self
+            .container_cgroups()
+            .map(|c| format!("echo $$ > {} && ", c.join("cgroup.procs").display()))
+            .collect();
         let inside = format!(
-            "echo $$ > {} && mount -t tmpfs pod-shm /dev/shm && mount -t tmpfs pod-tmp /tmp && hostname {} && exec \"$@\"",
-            self.container_cgroup().join("cgroup.procs").display(),
+            "{}mount -t tmpfs pod-shm /dev/shm && mount -t tmpfs pod-tmp /tmp && hostname {} && exec \"$@\"",
+            join.concat(),
             self.name
         );
         [
@@ -109,6 +133,19 @@ impl Pod {
             }
         }
     }
+}
+
+/// The container scope's prefix (containerd's, with the systemd driver).
+const CONTAINER_PREFIX: &str = "cri-containerd-";
+
+/// Where cgroup v1's `cpu` controller is mounted, on a hybrid host.
+fn cgroup1_cpu_root() -> Option<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.get(2) == Some(&"cgroup") && f.get(3)?.split(',').any(|o| o == "cpu"))
+            .then(|| PathBuf::from(f[1]))
+    })
 }
 
 /// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup` on a v2 host, a subfolder on a
