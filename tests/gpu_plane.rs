@@ -25,16 +25,7 @@ use common::{
 
 /// The stand-in, copied under CUPTI 13's file name.
 fn standin(dir: &Path) -> PathBuf {
-    let built = std::env::var_os("STALLSCOPE_CUPTI_STANDIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/libcupti_standin.so")
-        });
-    assert!(
-        built.exists(),
-        "{} is missing: run `cargo xtask test`",
-        built.display()
-    );
+    let built = common::standin_library();
     let lib = dir.join("libcupti.so.13");
     std::fs::copy(&built, &lib).unwrap();
     lib

@@ -22,8 +22,8 @@ mod common;
 use common::daemon::Daemon;
 use common::kubelet::{pod_list, pods_section, series_of, stand_in_kubelet};
 use common::{
-    expect_json, http_get, python, python_check, require_root, stallscope, start_hog,
-    toy_steps_between, Proc, TOY_HOG,
+    expect_json, expect_success, http_get, python, python_check, require_root, stallscope,
+    standin_library, start_hog, toy_steps_between, Proc, TOY_HOG,
 };
 use perfetto_writer::read;
 use sys_util::clock::monotonic_ns;
@@ -355,11 +355,7 @@ fn without_a_kubelet_the_ids_remain_and_it_is_said_once() {
 fn the_gpu_plane_reaches_an_engine_in_a_pod() {
     require_root();
     let dir = var_tmp_dir("pods-gpu");
-    let standin = std::env::var_os("STALLSCOPE_CUPTI_STANDIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/libcupti_standin.so")
-        });
+    let standin = standin_library();
     let lib = dir.join("libcupti.so.13");
     std::fs::copy(&standin, &lib).unwrap();
     let pod = Pod::start(
@@ -370,24 +366,15 @@ fn the_gpu_plane_reaches_an_engine_in_a_pod() {
         &[lib.to_str().unwrap()],
         &[],
     );
-    let out = stallscope()
-        .env("STALLSCOPE_GPU_STANDIN", "1")
-        .args([
-            "gpu",
-            "--pid",
-            &pod.host_pid.to_string(),
-            "--duration",
-            "2s",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = expect_success(stallscope().env("STALLSCOPE_GPU_STANDIN", "1").args([
+        "gpu",
+        "--pid",
+        &pod.host_pid.to_string(),
+        "--duration",
+        "2s",
+        "--json",
+    ]));
+    let r: Value = serde_json::from_slice(&out).unwrap();
     assert!(r["summary"]["kernels"].as_u64().unwrap() > 200, "{r}");
     assert_eq!(r["agent_unloaded"], true, "{r}");
     assert!(

@@ -63,6 +63,16 @@ fn tasks(dir: &Path, v2: bool) -> PathBuf {
 }
 
 impl CpuQuota {
+    fn new(dir: PathBuf, v2: bool) -> CpuQuota {
+        CpuQuota {
+            dir,
+            moved: Vec::new(),
+            saved: Vec::new(),
+            v2,
+            done: false,
+        }
+    }
+
     /// Moves `pid` and its descendants (every thread on v1, every process on v2) into a new
     /// cgroup limited to `cpus` CPUs' worth of time.
     pub fn apply(pid: u32, cpus: f64) -> Result<CpuQuota> {
@@ -85,13 +95,7 @@ impl CpuQuota {
         }
         std::fs::create_dir(&dir)
             .with_context(|| format!("cannot create {} (needs root)", dir.display()))?;
-        let mut q = CpuQuota {
-            dir,
-            moved: Vec::new(),
-            saved: Vec::new(),
-            v2,
-            done: false,
-        };
+        let mut q = CpuQuota::new(dir, v2);
         let set = if v2 {
             std::fs::write(q.dir.join("cpu.max"), format!("{quota} {PERIOD_US}"))
         } else {
@@ -139,13 +143,7 @@ impl CpuQuota {
                 ("cpu.cfs_quota_us", quota.to_string()),
             ]
         };
-        let mut q = CpuQuota {
-            dir,
-            moved: Vec::new(),
-            saved: Vec::new(),
-            v2,
-            done: false,
-        };
+        let mut q = CpuQuota::new(dir, v2);
         for (name, value) in files {
             let file = q.dir.join(name);
             let old = std::fs::read_to_string(&file)

@@ -127,6 +127,21 @@ pub fn http_get(port: u16, path: &str) -> String {
     body
 }
 
+/// The stand-in libcupti `cargo xtask setup` builds (STALLSCOPE_CUPTI_STANDIN overrides).
+pub fn standin_library() -> PathBuf {
+    let built = std::env::var_os("STALLSCOPE_CUPTI_STANDIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/libcupti_standin.so")
+        });
+    assert!(
+        built.exists(),
+        "{} is missing: run `cargo xtask test`",
+        built.display()
+    );
+    built
+}
+
 /// The interpreter of the venv `cargo xtask setup` builds at `<cache>/<venv>`.
 pub fn tool_python(venv: &str) -> PathBuf {
     let cache = std::env::var_os("STALLSCOPE_CACHE")
