@@ -134,8 +134,8 @@ fn each_missing_capability_is_named_in_one_error() {
     let engine = start_engine();
     let pid = engine.id().to_string();
     for (removed, says) in [
-        ("bpf", "missing CAP_BPF"),
-        ("perfmon", "missing CAP_PERFMON"),
+        ("bpf", "missing privileges (CAP_BPF)"),
+        ("perfmon", "missing privileges (CAP_PERFMON)"),
         ("sys_ptrace", "CAP_SYS_PTRACE"),
         ("chown", "needs CAP_CHOWN"),
         ("dac_read_search", "needs CAP_DAC_READ_SEARCH"),

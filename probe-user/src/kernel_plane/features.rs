@@ -95,7 +95,7 @@ impl Features {
                 .map(|c| c.name)
                 .collect();
             missing.push(format!(
-                "missing {}: loading eBPF probes needs CAP_BPF and CAP_PERFMON \
+                "missing privileges ({}): loading eBPF probes needs CAP_BPF and CAP_PERFMON \
                  (or CAP_SYS_ADMIN); run stallscope as root, or grant them (with the \
                  Python plane's): `setcap cap_bpf,cap_perfmon,cap_sys_ptrace,cap_chown,cap_dac_read_search+ep /path/to/stallscope`",
                 lacking.join(" and ")
