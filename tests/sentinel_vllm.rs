@@ -26,7 +26,7 @@ use std::{
 use serde_json::Value;
 
 mod common;
-use common::kubelet::{pod_list, pods_section, series_of, stand_in_kubelet};
+use common::kubelet::{pod_list, series_of, stand_in_kubelet};
 use common::{free_port, http_get, medians_by, require_root, stallscope, start_hog, Hog, Proc};
 
 /// Decode iterations of steady load after the model is fitted: 10,000 (about 10 minutes at
@@ -338,7 +338,14 @@ fn sentinel_on_real_vllm() {
             "iterations_csv = \"\"",
             &format!("iterations_csv = \"{}/iterations.csv\"", dir.display()),
         );
-    std::fs::write(dir.join("config.toml"), cfg + &pods_section(kubelet)).unwrap();
+    // The default reads the kubelet's pod list on loopback; here it is the stand-in.
+    let kubelet_url = "kubelet_url = \"http://127.0.0.1:10255/pods\"";
+    assert!(cfg.contains(kubelet_url), "the default config changed");
+    let cfg = cfg.replace(
+        kubelet_url,
+        &format!("kubelet_url = \"http://127.0.0.1:{kubelet}/pods\""),
+    );
+    std::fs::write(dir.join("config.toml"), cfg).unwrap();
     let daemon_log = dir.join("daemon.log");
     let mut daemon = Proc::spawn(
         stallscope()
