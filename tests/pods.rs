@@ -47,6 +47,7 @@ impl Pod {
         Pod::start(
             python_version,
             name,
+            true,
             times.parent().unwrap(),
             "py_engine.py",
             &[],
@@ -57,16 +58,19 @@ impl Pod {
     /// tests/targets/`script` run by CPython `python_version` with `args` and `env`. The
     /// script is copied into `dir`, outside /tmp: the pod's private /tmp hides the host's,
     /// where the checkout may be. Its first line says it is ready (and, if it says a pid,
-    /// that it is 1); the rest of its output is read and dropped.
+    /// that it is 1); the rest of its output is read and dropped. With `cpu_controller` the
+    /// pod is in the v1 `cpu` hierarchy too, where the host has one (see
+    /// `sys_util::pod::Pod::create`).
     fn start(
         python_version: &str,
         name: &str,
+        cpu_controller: bool,
         dir: &Path,
         script: &str,
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Pod {
-        let spec = sys_util::pod::Pod::create(name).unwrap();
+        let spec = sys_util::pod::Pod::create(name, cpu_controller).unwrap();
         let prefix = spec.prefix();
         let copy = dir.join(script);
         std::fs::copy(
@@ -361,6 +365,7 @@ fn the_gpu_plane_reaches_an_engine_in_a_pod() {
     let pod = Pod::start(
         "3.12",
         "gpu-0",
+        false,
         &dir,
         "gpu_loop.py",
         &[lib.to_str().unwrap()],

@@ -22,8 +22,13 @@ pub struct Pod {
 }
 
 impl Pod {
-    /// Makes the cgroups of a pod whose host is `name` (ids from the clock and this process).
-    pub fn create(name: &str) -> io::Result<Pod> {
+    /// Makes the cgroups of a pod whose host is `name` (ids from the clock and this process)
+    /// in the v2 hierarchy. With `cpu_controller`, on a host whose `cpu` controller is v1's
+    /// (hybrid), in that hierarchy too, as a kubelet would, for tools that act on the
+    /// container's CPU cgroup. Its groups keep the default weight there: unlike a kubelet's,
+    /// which weights pods by their requests, the whole pod then competes for CPU as one task
+    /// against each process outside it.
+    pub fn create(name: &str, cpu_controller: bool) -> io::Result<Pod> {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
@@ -44,10 +49,10 @@ impl Pod {
             format!("kubepods-burstable-pod{}.slice", uid.replace('-', "_")),
             format!("{CONTAINER_PREFIX}{container_id}.scope"),
         ];
-        // The v2 hierarchy, and on a hybrid host the v1 `cpu` controller's too, as a kubelet
-        // places a container in every hierarchy.
         let mut roots = vec![cgroup2_root()?];
-        roots.extend(cgroup1_cpu_root());
+        if cpu_controller {
+            roots.extend(cgroup1_cpu_root());
+        }
         let mut cgroups = Vec::new();
         for root in roots {
             let mut dir = root;

@@ -516,7 +516,7 @@ pub fn up(port: u16, dtype: Option<&str>, size: Option<Size>, isolated: bool) ->
     let mut serve = size.or_else(|| chosen.load()).unwrap_or(SIZES[0]);
     let mut measured = Vec::new();
     let pod = isolated
-        .then(|| Pod::create(POD_NAME))
+        .then(|| Pod::create(POD_NAME, false))
         .transpose()
         .context("making the pod's cgroups (--isolated needs root and cgroup v2)")?;
     loop {
