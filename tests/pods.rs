@@ -23,7 +23,7 @@ use common::daemon::Daemon;
 use common::kubelet::{pod_list, pods_section, series_of, stand_in_kubelet};
 use common::{
     expect_json, expect_success, http_get, python, python_check, require_root, stallscope,
-    standin_library, start_hog, toy_steps_between, Proc, TOY_HOG,
+    standin_library, start_hog, toy_step_walls_ms, toy_steps_between, Proc, TOY_HOG,
 };
 use perfetto_writer::read;
 use sys_util::clock::monotonic_ns;
@@ -166,13 +166,7 @@ fn counter(metrics: &str, pid: u32, name: &str) -> f64 {
 fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
     require_root();
     for (python_version, name) in [("3.10", "toy-310"), ("3.13", "toy-313")] {
-        // Outside /tmp: the pod has a private one.
-        let dir = PathBuf::from(format!(
-            "/var/tmp/stallscope-pods-{name}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = var_tmp_dir(&format!("pods-{name}"));
         let times = dir.join("toy-steps.txt");
         let pod = Pod::toy(python_version, name, &times);
         let pid = pod.host_pid;
@@ -316,12 +310,7 @@ fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
 #[test]
 fn without_a_kubelet_the_ids_remain_and_it_is_said_once() {
     require_root();
-    let dir = PathBuf::from(format!(
-        "/var/tmp/stallscope-pods-nokubelet-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = var_tmp_dir("pods-nokubelet");
     let pod = Pod::toy("3.12", "toy-alone", &dir.join("toy-steps.txt"));
     // A port nobody listens on.
     let closed = {
@@ -407,13 +396,9 @@ fn dumps_and_python_injectors_reach_an_engine_in_a_pod() {
     );
     // A synchronous stall injected into the engine's step (a 10 ms sleep before each call at
     // 0.5) stretches every step by the toy's own clock while it is in, and no step after.
-    let walls_over = |d: Duration| -> Vec<f64> {
-        let t = monotonic_ns();
-        std::thread::sleep(d);
-        let end = monotonic_ns();
-        // The toy flushes its file every 50 steps.
-        std::thread::sleep(Duration::from_millis(800));
-        toy_walls_ms(&times, t, end)
+    let walls_over = |d: Duration| {
+        let (from, to) = toy_window(d);
+        toy_step_walls_ms(&times, from, to)
     };
     let mut stall = Proc::spawn(stallscope().args([
         "inject",
@@ -474,11 +459,8 @@ fn the_cpu_quota_injector_throttles_a_pod_engine_in_its_own_cgroup() {
         .expect("the container's cgroup has a CPU quota file");
     let quota_before = std::fs::read_to_string(&quota_file).unwrap();
     let steps_in = |d: Duration| {
-        let t = monotonic_ns();
-        std::thread::sleep(d);
-        let end = monotonic_ns();
-        std::thread::sleep(Duration::from_millis(800));
-        toy_steps_between(&times, t, end)
+        let (from, to) = toy_window(d);
+        toy_steps_between(&times, from, to)
     };
     let calm = steps_in(Duration::from_secs(2));
     let mut inject = Proc::spawn(stallscope().args([
@@ -523,18 +505,14 @@ fn the_cpu_quota_injector_throttles_a_pod_engine_in_its_own_cgroup() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The wall time (ms) of each step the toy timed that ended in `from_ns..to_ns`.
-fn toy_walls_ms(times: &Path, from_ns: u64, to_ns: u64) -> Vec<f64> {
-    std::fs::read_to_string(times)
-        .unwrap()
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split(' ');
-            let end: u64 = f.next()?.parse().ok()?;
-            let wall: f64 = f.next()?.parse().ok()?;
-            (from_ns..to_ns).contains(&end).then_some(wall / 1e6)
-        })
-        .collect()
+/// A window of `d` from now (CLOCK_MONOTONIC ns), returned once the toy has flushed the steps
+/// that ended in it (it flushes its file every 50 steps).
+fn toy_window(d: Duration) -> (u64, u64) {
+    let from = monotonic_ns();
+    std::thread::sleep(d);
+    let to = monotonic_ns();
+    std::thread::sleep(Duration::from_millis(800));
+    (from, to)
 }
 
 /// A scratch directory outside /tmp (the pods' private /tmp hides the host's).

@@ -23,24 +23,14 @@ pub struct CpuQuota {
 
 /// The mount point of cgroup v1's `cpu` controller, or of the cgroup v2 hierarchy.
 fn hierarchy() -> Result<(PathBuf, bool)> {
-    let mounts =
-        std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
-    for line in mounts.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 4 {
-            continue;
-        }
-        if f[2] == "cgroup" && f[3].split(',').any(|o| o == "cpu") {
-            return Ok((PathBuf::from(f[1]), false));
+    use sys_util::cgroup;
+    match (cgroup::v1_root("cpu"), cgroup::v2_root()) {
+        (Some(v1), _) => Ok((v1, false)),
+        (None, Some(v2)) => Ok((v2, true)),
+        (None, None) => {
+            bail!("no cgroup cpu controller is mounted: mount cgroup v2 or the v1 cpu controller")
         }
     }
-    for line in mounts.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() >= 3 && f[2] == "cgroup2" {
-            return Ok((PathBuf::from(f[1]), true));
-        }
-    }
-    bail!("no cgroup cpu controller is mounted: mount cgroup v2 or the v1 cpu controller")
 }
 
 /// `tid`'s cgroup path in the hierarchy (v1: the line listing `cpu`; v2: the `0::` line).

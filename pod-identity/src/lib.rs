@@ -66,16 +66,9 @@ pub enum NameSource {
 }
 
 /// An error in the name source's settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
 pub struct BadUrl(pub String);
-
-impl std::fmt::Display for BadUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for BadUrl {}
 
 /// `http://HOST:PORT/PATH` split into host:port and path.
 pub fn split_http_url(url: &str) -> Result<(String, String), BadUrl> {

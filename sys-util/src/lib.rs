@@ -3,6 +3,7 @@
 //! cgroups. It depends on libc alone, so
 //! that the agent injected into engines can use it too.
 
+pub mod cgroup;
 pub mod clock;
 pub mod http;
 pub mod pod;

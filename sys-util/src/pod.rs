@@ -49,9 +49,14 @@ impl Pod {
             format!("kubepods-burstable-pod{}.slice", uid.replace('-', "_")),
             format!("{CONTAINER_PREFIX}{container_id}.scope"),
         ];
-        let mut roots = vec![cgroup2_root()?];
+        let mut roots = vec![crate::cgroup::v2_root().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "no cgroup v2 hierarchy is mounted: a pod needs one for its cgroup",
+            )
+        })?];
         if cpu_controller {
-            roots.extend(cgroup1_cpu_root());
+            roots.extend(crate::cgroup::v1_root("cpu"));
         }
         let mut cgroups = Vec::new();
         for root in roots {
@@ -142,31 +147,3 @@ impl Pod {
 
 /// The container scope's prefix (containerd's, with the systemd driver).
 const CONTAINER_PREFIX: &str = "cri-containerd-";
-
-/// Where cgroup v1's `cpu` controller is mounted, on a hybrid host.
-fn cgroup1_cpu_root() -> Option<PathBuf> {
-    let mounts = fs::read_to_string("/proc/self/mounts").ok()?;
-    mounts.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        (f.get(2) == Some(&"cgroup") && f.get(3)?.split(',').any(|o| o == "cpu"))
-            .then(|| PathBuf::from(f[1]))
-    })
-}
-
-/// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup` on a v2 host, a subfolder on a
-/// hybrid one).
-pub fn cgroup2_root() -> io::Result<PathBuf> {
-    let mounts = fs::read_to_string("/proc/self/mounts")?;
-    mounts
-        .lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (f.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(f[1]))
-        })
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                "no cgroup v2 hierarchy is mounted: a pod needs one for its cgroup",
-            )
-        })
-}

@@ -280,12 +280,21 @@ fn start_toy(times: Option<&Path>) -> Proc {
 /// (CLOCK_MONOTONIC): its own count of its pace. The toy flushes its file every 50 steps, so
 /// read it a second after `to_ns`.
 pub fn toy_steps_between(times: &Path, from_ns: u64, to_ns: u64) -> usize {
+    toy_step_walls_ms(times, from_ns, to_ns).len()
+}
+
+/// The wall time (ms) of each of those steps.
+pub fn toy_step_walls_ms(times: &Path, from_ns: u64, to_ns: u64) -> Vec<f64> {
     std::fs::read_to_string(times)
         .unwrap()
         .lines()
-        .filter_map(|l| l.split(' ').next()?.parse::<u64>().ok())
-        .filter(|end| (from_ns..to_ns).contains(end))
-        .count()
+        .filter_map(|l| {
+            let mut f = l.split(' ');
+            let end: u64 = f.next()?.parse().ok()?;
+            let wall: f64 = f.next()?.parse().ok()?;
+            (from_ns..to_ns).contains(&end).then_some(wall / 1e6)
+        })
+        .collect()
 }
 
 /// The median of the values of each key seen at least `min_count` times: an engine's usual

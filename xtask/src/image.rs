@@ -109,7 +109,12 @@ fn start(tag: &str) -> Result<()> {
         );
     }
     let container = String::from_utf8(out.stdout)?.trim().to_string();
-    let isolation = if cgroups_hybrid() { "chroot" } else { "oci" };
+    // crun refuses cgroup v1 controllers mounted beside the v2 hierarchy.
+    let isolation = if sys_util::cgroup::hybrid() {
+        "chroot"
+    } else {
+        "oci"
+    };
     let run = |args: &[&str]| {
         run_checked(
             Command::new("buildah")
@@ -130,12 +135,4 @@ fn start(tag: &str) -> Result<()> {
         "image: {tag} started ({isolation} isolation): --version and run --check-config answered"
     );
     Ok(())
-}
-
-/// Whether cgroup v1 controllers are mounted beside a v2 hierarchy, which crun refuses.
-fn cgroups_hybrid() -> bool {
-    fs::read_to_string("/proc/self/mounts").is_ok_and(|m| {
-        m.lines().any(|l| l.split(' ').nth(2) == Some("cgroup"))
-            && m.lines().any(|l| l.split(' ').nth(2) == Some("cgroup2"))
-    })
 }

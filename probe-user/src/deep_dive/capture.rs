@@ -338,7 +338,11 @@ impl Running {
             }
             for tid in procfs::threads(p) {
                 if let Some(comm) = procfs::thread_comm(p, tid) {
-                    let ns_tid = pod_identity::tid_in_namespace(p, tid).filter(|&n| n != tid);
+                    // A thread's name may change; its id in its namespace does not.
+                    let ns_tid = match self.threads.get(&tid) {
+                        Some(t) if t.pid == p => t.ns_tid,
+                        _ => pod_identity::tid_in_namespace(p, tid).filter(|&n| n != tid),
+                    };
                     self.threads.insert(
                         tid,
                         ThreadInfo {

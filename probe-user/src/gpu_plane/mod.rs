@@ -148,7 +148,7 @@ pub struct GpuPlane {
     waiting: Vec<Event>,
     detached: bool,
     /// Host tids of the threads CUPTI names by their id in the target's PID namespace.
-    host_tids: std::cell::RefCell<std::collections::BTreeMap<u32, u32>>,
+    host_tids: std::collections::BTreeMap<u32, u32>,
 }
 
 fn target_path(pid: u32, inside: &str) -> PathBuf {
@@ -345,7 +345,7 @@ impl GpuPlane {
         }
     }
 
-    fn convert(&self, mut e: Event) -> Event {
+    fn convert(&mut self, mut e: Event) -> Event {
         let c = |t: &mut u64| *t = self.clock.to_monotonic(*t).unwrap_or(*t);
         match &mut e {
             Event::Kernel { start, end, .. } => {
@@ -363,11 +363,11 @@ impl GpuPlane {
             Event::Api(a) => {
                 c(&mut a.start);
                 c(&mut a.end);
-                let mut known = self.host_tids.borrow_mut();
-                let ns_tid = a.thread_id;
-                let host = *known
+                let (pid, ns_tid) = (self.pid, a.thread_id);
+                let host = *self
+                    .host_tids
                     .entry(ns_tid)
-                    .or_insert_with(|| host_tid(self.pid, ns_tid));
+                    .or_insert_with(|| host_tid(pid, ns_tid));
                 if host != 0 {
                     a.thread_id = host;
                 }
