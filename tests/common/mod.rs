@@ -249,7 +249,7 @@ pub fn tmpdir(name: &str) -> PathBuf {
 /// is `1 - predicted / actual` and its UCL at most 0.5, so an alert needs steps more than
 /// twice their prediction, including on a noisy host whose training set already holds slow
 /// steps (there the fitted UCL sits at its 0.5 cap and the prediction runs high: a hog taking
-/// two thirds stretched the steps too little to cross it).
+/// two thirds can stretch the steps too little to cross it).
 pub const TOY_HOG: Hog = Hog {
     spin: Duration::from_millis(2),
     sleep: Duration::from_micros(250),
