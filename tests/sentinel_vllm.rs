@@ -207,19 +207,23 @@ fn pair<'a>(rows: &'a [Row], log: &'a [LogIteration]) -> Paired<'a> {
     p
 }
 
+/// The export's complete rows. The daemon appends to the file while the test reads it, so a
+/// last line without its newline is a row still being written and is left for the next read.
 fn parse_export(path: &Path) -> Vec<Row> {
     let text = std::fs::read_to_string(path).unwrap();
-    text.lines()
+    let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+    complete
+        .lines()
         .skip(1)
         .filter_map(|l| {
             let f: Vec<&str> = l.split(',').collect();
-            let start_us = f[1].parse::<f64>().ok()?;
-            let duration_us = f[2].parse::<f64>().ok()?;
+            let num = |i: usize| f.get(i)?.parse::<f64>().ok();
+            let (start_us, duration_us) = (num(1)?, num(2)?);
             Some(Row {
-                batch: f[3].parse::<f64>().ok()? as u64,
-                tokens: f[8].parse::<f64>().ok()? as u64,
+                batch: num(3)? as u64,
+                tokens: num(8)? as u64,
                 duration_ms: duration_us / 1e3,
-                decode: f[9] == "decode",
+                decode: *f.get(9)? == "decode",
                 end_unix_s: ((start_us + duration_us) / 1e6) as u64,
             })
         })

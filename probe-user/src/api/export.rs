@@ -46,9 +46,10 @@ impl IterationCsv {
     pub fn write(&mut self, pid: u32, i: &Iteration, predicted_us: Option<f64>) -> Result<()> {
         let w = &i.workload;
         let start_us = (i.start_ns as i128 + self.offset_ns) as f64 / 1e3;
-        writeln!(
-            self.out,
-            "pid{pid},{start_us:.3},{:.3},{},{:.2},{:.2},{:.2},{:.2},{},{},{}",
+        // One write per row: BufWriter flushes only between writes, so a reader of the file
+        // sees whole rows (a `writeln!` writes a row in pieces and a flush can cut it).
+        let row = format!(
+            "pid{pid},{start_us:.3},{:.3},{},{:.2},{:.2},{:.2},{:.2},{},{},{}\n",
             i.duration_us(),
             w.batch,
             w.input_len,
@@ -58,12 +59,59 @@ impl IterationCsv {
             w.tokens,
             i.stage.as_str(),
             predicted_us.map_or(String::new(), |p| format!("{p:.1}")),
-        )?;
+        );
+        self.out.write_all(row.as_bytes())?;
         Ok(())
     }
 
     /// Flushes buffered rows.
     pub fn flush(&mut self) -> Result<()> {
         Ok(self.out.flush()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use model::{Stage, Workload};
+
+    use super::*;
+
+    /// A reader of the file while the daemon appends to it (the vLLM test does so) finds only
+    /// whole rows, whatever the buffer's fill when it spills.
+    #[test]
+    fn the_file_never_ends_in_a_partial_row() {
+        let path =
+            std::env::temp_dir().join(format!("stallscope-export-{}.csv", std::process::id()));
+        let mut csv = IterationCsv::create(&path).unwrap();
+        let mut spills = 0;
+        for n in 0..2000u64 {
+            let i = Iteration {
+                start_ns: n * 30_000_000,
+                end_ns: n * 30_000_000 + 27_123_456 + n,
+                stage: Stage::Decode,
+                workload: Workload {
+                    batch: (n % 13) as f64,
+                    input_len: 100.0 + n as f64 / 7.0,
+                    output_len: 0.0,
+                    tokens: (n % 13) as f64,
+                },
+            };
+            csv.write(4242, &i, (n % 2 == 0).then_some(27_000.0 + n as f64))
+                .unwrap();
+            let text = std::fs::read_to_string(&path).unwrap();
+            if !text.is_empty() {
+                spills += 1;
+                assert!(
+                    text.ends_with('\n'),
+                    "a cut row after {n} rows: {:?}",
+                    &text[text.len() - 40..]
+                );
+            }
+        }
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            spills > 0,
+            "the buffer never spilled: the test checked nothing"
+        );
     }
 }
