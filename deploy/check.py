@@ -3,6 +3,8 @@ its defaults and every documented toggle, lints it strictly, checks its values s
 validates every rendered Kubernetes object strictly against the Kubernetes schemas
 (kubernetes-validate). No cluster is contacted.
 
+Also validates the plain manifests of examples/.
+
 Usage: python check.py OUT_DIR
 Writes each case's rendered daemon configuration to OUT_DIR/<case>.toml and prints one JSON
 object: the cases, the objects validated, the metric names the Grafana dashboard queries.
@@ -17,7 +19,10 @@ import helm_python
 import kubernetes_validate
 import yaml
 
-CHART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helm", "stallscope")
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHART = os.path.join(HERE, "helm", "stallscope")
+# Plain manifests, validated like the chart's objects; each case is `example-<file name>`.
+EXAMPLES = ["sidecar.yaml"]
 KUBERNETES = "1.33.0"
 
 # Each documented toggle, alone, on top of the defaults.
@@ -77,9 +82,14 @@ def main():
     rules = yaml.safe_load(open(os.path.join(CHART, "files", "rules.yaml")))
     objects = 0
     kinds = set()
+    cases = {}
     for case, values in CASES.items():
         chart.validate_schema(values)
-        rendered = chart.render(values, name="stallscope", namespace="monitoring", is_install=True)
+        cases[case] = chart.render(values, name="stallscope", namespace="monitoring", is_install=True)
+    for example in EXAMPLES:
+        path = os.path.join(HERE, "examples", example)
+        cases["example-" + example.removesuffix(".yaml")] = {path: open(path).read()}
+    for case, rendered in cases.items():
         for path, text in sorted(rendered.items()):
             if not path.endswith(".yaml"):
                 continue
@@ -106,7 +116,7 @@ def main():
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     exprs += [v["definition"] for v in dashboard["templating"]["list"] if "definition" in v]
     metrics = sorted({m for e in exprs for m in re.findall(r"\bstallscope_[a-z_]+", e)})
-    print(json.dumps({"cases": list(CASES), "objects": objects, "kinds": sorted(kinds),
+    print(json.dumps({"cases": list(cases), "objects": objects, "kinds": sorted(kinds),
                       "dashboard_metrics": metrics}))
 
 

@@ -29,8 +29,10 @@ fn the_chart_renders_validates_and_configures_the_daemon() {
     );
     let cases = summary["cases"].as_array().unwrap();
     assert!(cases.len() >= 8, "{summary}");
+    assert!(cases.iter().any(|c| c == "example-sidecar"), "{summary}");
     for kind in [
         "DaemonSet",
+        "Pod",
         "ConfigMap",
         "PrometheusRule",
         "ServiceMonitor",

@@ -285,7 +285,7 @@ fn target_exit_during_probe_gives_partial_result() {
         .collect();
     assert_eq!(workers.len(), 3, "{report}");
     for t in workers {
-        assert_eq!(t["exited"], true);
+        assert_eq!(t["exited"], true, "{t}");
         assert!(t["on_cpu_ns"].as_u64().unwrap() > 100_000_000, "{t}");
     }
     assert!(String::from_utf8_lossy(&out.stderr).contains("note: process"));

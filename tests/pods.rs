@@ -22,8 +22,9 @@ mod common;
 use common::daemon::Daemon;
 use common::kubelet::{pod_list, pods_section, series_of, stand_in_kubelet};
 use common::{
-    expect_json, expect_success, http_get, python, python_check, require_root, stallscope,
-    standin_library, start_hog, toy_step_walls_ms, toy_steps_between, Proc, TOY_HOG,
+    daemon::config, expect_json, expect_success, free_port, http_get, python, python_check,
+    require_root, stallscope, standin_library, start_hog, toy_step_walls_ms, toy_steps_between,
+    Proc, TOY_HOG,
 };
 use perfetto_writer::read;
 use sys_util::clock::monotonic_ns;
@@ -159,6 +160,58 @@ fn counter(metrics: &str, pid: u32, name: &str) -> f64 {
         .sum()
 }
 
+/// Where the daemon runs, as Kubernetes would run it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    /// A node DaemonSet: in the host's PID namespace (`hostPID`), given the engine's pid.
+    DaemonSet,
+    /// A sidecar in the engine's pod: in the pod's PID namespace (`shareProcessNamespace`,
+    /// no `hostPID`), in a container cgroup of its own with a cgroup namespace rooted there
+    /// (the pod's cgroup is hidden from it), and a mount namespace whose /proc is the pod's. It
+    /// finds the engine by its command line.
+    Sidecar,
+}
+
+/// The cgroup of a sidecar container in `pod`, removed on drop (after its process).
+struct SidecarCgroup(PathBuf);
+
+impl SidecarCgroup {
+    fn create(pod: &Pod) -> SidecarCgroup {
+        let dir = pod.spec.container_cgroup().with_file_name(format!(
+            "cri-containerd-{}.scope",
+            "51dec4".repeat(11).get(..64).unwrap()
+        ));
+        std::fs::create_dir(&dir).unwrap();
+        SidecarCgroup(dir)
+    }
+
+    /// The programs that run what follows them as the sidecar (see [`Placement::Sidecar`]).
+    /// nsenter forks into the PID namespace; the rest exec.
+    fn prefix(&self, pod: &Pod) -> Vec<String> {
+        let inside = format!(
+            "echo $$ > {} && exec unshare --cgroup --mount --propagation private -- sh -c 'mount -t proc proc /proc && exec \"$@\"' sh \"$@\"",
+            self.0.join("cgroup.procs").display()
+        );
+        let target = pod.host_pid.to_string();
+        [
+            "nsenter", "--target", &target, "--pid", "--", "sh", "-c", &inside, "sh",
+        ]
+        .map(str::to_string)
+        .to_vec()
+    }
+}
+
+impl Drop for SidecarCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() || !self.0.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// The daemon, in the host's PID namespace, follows an engine in a pod: every figure names
 /// the pod, the iterations are the engine's own, an alert and its deep dive carry the pod,
 /// and detaching leaves nothing in the pod's namespaces.
@@ -166,19 +219,57 @@ fn counter(metrics: &str, pid: u32, name: &str) -> f64 {
 fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
     require_root();
     for (python_version, name) in [("3.10", "toy-310"), ("3.13", "toy-313")] {
+        follows_an_engine_in_a_pod(Placement::DaemonSet, python_version, name);
+    }
+}
+
+/// The same from a sidecar in the engine's pod, which sees the pod's ids only: the kernel
+/// plane learns the kernel's ids of the engine's threads, and reports them by the pod's.
+#[test]
+fn a_sidecar_finds_the_engine_in_its_pod_and_follows_it_by_the_pods_ids() {
+    require_root();
+    for (python_version, name) in [("3.10", "side-310"), ("3.13", "side-313")] {
+        follows_an_engine_in_a_pod(Placement::Sidecar, python_version, name);
+    }
+}
+
+fn follows_an_engine_in_a_pod(placement: Placement, python_version: &str, name: &str) {
+    {
         let dir = var_tmp_dir(&format!("pods-{name}"));
         let times = dir.join("toy-steps.txt");
         let pod = Pod::toy(python_version, name, &times);
-        let pid = pod.host_pid;
         let threads_before = pod.threads();
         let (kubelet, asked) = stand_in_kubelet(pod.pod_list());
-        let mut d = Daemon::start_with_sections(&dir, pid, 300, &pods_section(kubelet));
+        let sidecar = (placement == Placement::Sidecar).then(|| SidecarCgroup::create(&pod));
+        // The engine's pid as the daemon sees it.
+        let pid = match placement {
+            Placement::DaemonSet => pod.host_pid,
+            Placement::Sidecar => 1,
+        };
+        let port = free_port();
+        let mut cfg =
+            std::fs::read_to_string(config(&dir, pid, port, 300)).unwrap() + &pods_section(kubelet);
+        if placement == Placement::Sidecar {
+            cfg = cfg
+                .replace(
+                    &format!("pids = [{pid}]\nprocess_patterns = []"),
+                    "pids = []\nprocess_patterns = [\"py_engine.py\"]",
+                )
+                .replace(
+                    "engine_patterns = []",
+                    "engine_patterns = [\"py_engine.py\"]",
+                );
+        }
+        std::fs::write(dir.join("config.toml"), cfg).unwrap();
+        let prefix = sidecar.as_ref().map_or(Vec::new(), |s| s.prefix(&pod));
+        let mut d = Daemon::start_in(&dir, port, dir.join("config.toml"), &prefix);
         d.wait_for("discovered anchor", Duration::from_secs(30), |d| {
             d.engine()
                 .is_some_and(|e| e["anchor"] == "__main__:Engine.step")
         });
         // The status names the pod, the container and the engine's pid in it.
         let e = d.engine().unwrap();
+        assert_eq!(e["pid"], pid, "{e}");
         let id = &e["identity"];
         for (field, want) in [
             ("namespace", NAMESPACE),
@@ -194,23 +285,32 @@ fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
         assert!(asked.load(Ordering::SeqCst) >= 1, "the kubelet was asked");
 
         // Its iterations are the engine's own: the counter grows by the steps the toy timed
-        // between two readings (a step cut by either reading counts on one side).
+        // between two readings (a step cut by either reading counts on one side). Its main
+        // thread's CPU time, from the kernel plane, grows with them, but not past the wall.
         let reading = || {
             let m = http_get(d.port, "/metrics");
             (
                 counter(&m, pid, "stallscope_iterations_total"),
+                thread_seconds(&m, pid, pid, "on_cpu"),
                 monotonic_ns(),
             )
         };
-        let (before, from_ns) = reading();
+        let (before, cpu_before, from_ns) = reading();
         std::thread::sleep(Duration::from_secs(3));
-        let (after, to_ns) = reading();
+        let (after, cpu_after, to_ns) = reading();
         std::thread::sleep(Duration::from_secs(1));
         let own = toy_steps_between(&times, from_ns, to_ns) as f64;
         assert!(
             own > 100.0 && (after - before - own).abs() <= 2.0,
             "{python_version}: {} iterations counted, the toy timed {own}",
             after - before
+        );
+        let wall = (to_ns - from_ns) as f64 / 1e9;
+        let on_cpu = cpu_after - cpu_before;
+        assert!(
+            on_cpu > 0.1 * wall && on_cpu <= wall * 1.05,
+            "{python_version}: the main thread (tid {pid}) was on a CPU {on_cpu:.3} s of {wall:.3} s:\n{}",
+            http_get(d.port, "/metrics")
         );
 
         // Every series of the engine carries the pod.
@@ -259,12 +359,27 @@ fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
             "no process track names the pod {place}: {:?}",
             decoded.tracks.values().map(|t| &t.name).collect::<Vec<_>>()
         );
+        // The engine's main thread by the daemon's id, which a DaemonSet gives with the pod's;
+        // its scheduler states come from the kernel plane's events.
+        let main = decoded
+            .tracks
+            .values()
+            .find(|t| t.kind == (read::TrackKind::Thread { pid, tid: pid }))
+            .unwrap_or_else(|| panic!("no track of the engine's main thread {pid}"));
+        if placement == Placement::DaemonSet {
+            assert!(
+                main.name.contains("(tid 1 in its container)"),
+                "the engine's main thread is named with its id in the pod: {}",
+                main.name
+            );
+        }
         assert!(
             decoded
                 .tracks
                 .values()
-                .any(|t| t.name.contains("(tid 1 in its container)")),
-            "the engine's main thread is named with its id in the pod"
+                .any(|t| t.parent == Some(main.uuid) && t.name.ends_with(&format!(" {pid} state"))),
+            "no scheduler states of the main thread {pid}: {:?}",
+            decoded.tracks.values().map(|t| &t.name).collect::<Vec<_>>()
         );
         let marker = decoded
             .instants
@@ -302,8 +417,20 @@ fn a_daemonset_names_the_pod_of_every_figure_and_leaves_the_pod_clean() {
             "the engine runs on after the detach"
         );
         drop(pod);
+        drop(sidecar);
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// A thread's `stallscope_thread_seconds_total` in `state`, seconds.
+fn thread_seconds(metrics: &str, pid: u32, tid: u32, state: &str) -> f64 {
+    let (tid, state) = (format!("tid=\"{tid}\""), format!("state=\"{state}\""));
+    series_of(metrics, pid)
+        .iter()
+        .filter(|l| l.starts_with("stallscope_thread_seconds_total"))
+        .filter(|l| l.contains(&tid) && l.contains(&state))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// A kubelet that does not answer leaves the ids from the cgroup, said once in the log.

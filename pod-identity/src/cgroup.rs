@@ -11,6 +11,9 @@
 //! runtime: `cri-containerd-`, `crio-`, `docker-` (cri-dockerd, and Docker outside
 //! Kubernetes, whose cgroupfs path is `/docker/<id>`). CRI-O's `crio-conmon-<id>.scope` is
 //! the container's monitor, not the container. Ids are 64 hex digits.
+//!
+//! Read through a cgroup namespace (a sidecar's, rooted at its own container), a sibling
+//! container's path is `/../cri-containerd-<id>.scope`: the container shows, the pod does not.
 
 /// A container, and its pod when the cgroup is a kubelet's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,6 +141,11 @@ mod tests {
                 "a runtime's sub-cgroup below the container",
                 format!("0::/kubepods.slice/kubepods-pod{uid_}.slice/cri-containerd-{ID}.scope/init\n"),
                 Some((ID, Some("containerd"), true)),
+            ),
+            (
+                "a sibling container read through a cgroup namespace (a sidecar's view)",
+                format!("0::/../cri-containerd-{ID}.scope\n"),
+                Some((ID, Some("containerd"), false)),
             ),
             (
                 "docker outside kubernetes, systemd",

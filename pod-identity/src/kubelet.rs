@@ -10,6 +10,9 @@ use serde::Deserialize;
 pub struct Names {
     pub namespace: String,
     pub pod: String,
+    /// The pod's UID (for a container whose cgroup path does not show it: one read through a
+    /// cgroup namespace, as a sidecar reads its pod's).
+    pub uid: String,
     /// The container's name in the pod's spec; `None` when only the pod is known (its
     /// container has no status yet).
     pub container: Option<String>,
@@ -31,6 +34,7 @@ impl Directory {
             let names = |container: Option<String>| Names {
                 namespace: pod.metadata.namespace.clone(),
                 pod: pod.metadata.name.clone(),
+                uid: pod.metadata.uid.clone(),
                 container,
             };
             let status = pod.status.unwrap_or_default();
@@ -109,6 +113,12 @@ mod tests {
         let names = |ns: &str, pod: &str, c: Option<&str>| Names {
             namespace: ns.into(),
             pod: pod.into(),
+            uid: match pod {
+                "vllm-0" => "u-1",
+                "pending" => "u-2",
+                _ => "u-3",
+            }
+            .into(),
             container: c.map(str::to_string),
         };
         for (id, uid, want) in [

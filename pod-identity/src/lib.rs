@@ -30,13 +30,14 @@ pub struct Identity {
     pub pod: Option<String>,
     /// The container's name in the pod (from the kubelet).
     pub container: Option<String>,
-    /// The pod's UID (from the cgroup).
+    /// The pod's UID (from the cgroup, else from the kubelet).
     pub pod_uid: Option<String>,
     /// The container id (from the cgroup).
     pub container_id: Option<String>,
     /// The container runtime, when the cgroup names it.
     pub runtime: Option<&'static str>,
-    /// The process's pid in its own PID namespace, when that is not the daemon's.
+    /// The process's pid in its own PID namespace, when it is in a container or that
+    /// namespace is not the daemon's.
     pub pid_in_container: Option<u32>,
 }
 
@@ -140,7 +141,7 @@ impl Resolver {
     /// The identity of `pid` (as this process's /proc sees it).
     pub fn lookup(&self, pid: u32) -> Lookup {
         let mut id = ids_of(pid);
-        let (Some(container_id), Some(pod_uid)) = (&id.container_id, &id.pod_uid) else {
+        let Some(container_id) = &id.container_id else {
             return Lookup::Ready(id);
         };
         if self.source == NameSource::None {
@@ -151,11 +152,12 @@ impl Resolver {
         let found = n
             .directory
             .as_ref()
-            .and_then(|d| d.find(container_id, Some(pod_uid)))
+            .and_then(|d| d.find(container_id, id.pod_uid.as_deref()))
             .cloned();
         match found {
             Some(names) => {
                 n.missed.remove(container_id);
+                id.pod_uid.get_or_insert(names.uid);
                 id.namespace = Some(names.namespace);
                 id.pod = Some(names.pod);
                 id.container = names.container;
@@ -182,7 +184,8 @@ pub fn ids_of(pid: u32) -> Identity {
         .ok()
         .and_then(|t| cgroup::parse(&t));
     let mut id = Identity {
-        pid_in_container: pid_in_namespace(pid).filter(|&p| p != pid),
+        // A daemon sharing the container's PID namespace (a sidecar) sees the same pid.
+        pid_in_container: pid_in_namespace(pid).filter(|&p| p != pid || container.is_some()),
         ..Identity::default()
     };
     if let Some(c) = container {

@@ -19,8 +19,13 @@ pub const EVENT_RING_BYTES: u32 = 16 * 1024 * 1024;
 
 /// Names of the maps, as the loader looks them up.
 pub mod map {
-    /// `HashMap<u32 tgid, u32 flags>`: processes whose threads are accounted.
+    /// `HashMap<u32 tgid, u32 view tgid>`: processes whose threads are accounted, keyed by
+    /// their id in the kernel's (initial) PID namespace, with their id in the daemon's.
     pub const WATCHED: &str = "WATCHED";
+    /// `HashMap<u32 view tgid, u32 unused>`: processes to watch, by their id in the daemon's
+    /// PID namespace, whose kernel id is not known yet (a daemon outside the host's PID
+    /// namespace only; see [`super::Config::view_ino`]).
+    pub const WATCHED_VIEW: &str = "WATCHED_VIEW";
     /// `Array<Config>` with one entry.
     pub const CONFIG: &str = "CONFIG";
     /// `HashMap<u32 tid, ThreadStats>`.
@@ -70,7 +75,22 @@ pub struct Config {
     pub task_tgid_off: u32,
     /// Wake the ring's reader once this many bytes are waiting (otherwise it drains on a timer).
     pub wake_threshold: u64,
+    /// Device (kernel encoding) and inode of the daemon's PID namespace when that is not the
+    /// host's, else 0: the ids the daemon sees. The probes key their maps by the kernel's ids
+    /// (what `current` and task_struct hold) and translate into the daemon's with
+    /// `bpf_get_ns_current_pid_tgid`, which only answers for the current task.
+    pub view_dev: u64,
+    /// See [`Config::view_dev`]; 0 when the daemon sees the host's ids.
+    pub view_ino: u64,
+    /// Non-zero while a process in [`map::WATCHED_VIEW`] has no kernel id yet: each thread
+    /// switching out is then asked for its ids in the daemon's namespace.
+    pub learn: u32,
+    /// Padding.
+    pub _pad: u32,
 }
+
+/// The id events carry for a thread the daemon cannot see (outside its PID namespace).
+pub const OUTSIDE_VIEW: u32 = u32::MAX;
 
 /// Scheduler state of a tracked thread, as last seen by the probes.
 pub mod state {
@@ -119,13 +139,18 @@ pub struct ThreadStats {
     pub exit_ns: u64,
     /// Thread name captured at exit (NUL-padded), so exited threads stay identifiable.
     pub exit_comm: [u8; 16],
+    /// The thread's id in the daemon's PID namespace; 0 until the thread first switches out
+    /// when the daemon is outside the host's (the id can only be asked of the running task).
+    pub view_tid: u32,
+    /// The process's id in the daemon's PID namespace.
+    pub view_tgid: u32,
 }
 
 /// Key of [`map::SYSCALL_STATS`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SyscallKey {
-    /// Thread id.
+    /// Thread id (the kernel's).
     pub tid: u32,
     /// Syscall number (x86_64 numbering on x86_64).
     pub nr: u32,
@@ -155,9 +180,12 @@ impl Default for SyscallStats {
 
 /// Kinds of deep-dive [`Event`].
 pub mod event {
+    /// Thread ids in events are the daemon's view of them ([`super::OUTSIDE_VIEW`] for threads
+    /// it cannot see).
+    ///
     /// `tid` = prev, `arg0` = next tid, `arg1` = prev_state | preempt << 32.
     pub const SWITCH: u32 = 1;
-    /// `tid` = woken thread, `arg0` = its tgid, `arg1` = 1 for a new task.
+    /// `tid` = woken thread, `arg0` = its tgid (daemon's view), `arg1` = 1 for a new task.
     pub const WAKEUP: u32 = 2;
     /// `tid` = caller, `arg0` = syscall number.
     pub const SYS_ENTER: u32 = 3;

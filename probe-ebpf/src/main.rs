@@ -8,10 +8,13 @@
 #![no_main]
 
 use aya_ebpf::{
-    bindings::{BPF_ANY, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    bindings::{
+        bpf_pidns_info, BPF_ANY, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
+        BPF_RB_NO_WAKEUP,
+    },
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        bpf_probe_read_kernel,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_ns_current_pid_tgid,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
     },
     macros::{btf_tracepoint, map, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
@@ -20,11 +23,13 @@ use aya_ebpf::{
 };
 use probe_common::{
     event, hist_bucket, state, Config, Event, SyscallKey, SyscallStats, ThreadStats,
-    EVENT_RING_BYTES, HIST_BUCKETS, MAX_SYSCALL_KEYS, MAX_THREADS, MAX_WATCHED,
+    EVENT_RING_BYTES, HIST_BUCKETS, MAX_SYSCALL_KEYS, MAX_THREADS, MAX_WATCHED, OUTSIDE_VIEW,
 };
 
 #[map]
 static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(MAX_WATCHED, 0);
+#[map]
+static WATCHED_VIEW: HashMap<u32, u32> = HashMap::with_max_entries(MAX_WATCHED, 0);
 #[map]
 static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 #[map]
@@ -63,14 +68,87 @@ fn config() -> Option<&'static Config> {
     CONFIG.get(0)
 }
 
-/// Whether threads of `tgid` are accounted (consulted only when a thread is created;
-/// every other hook finds watched threads by their entry in THREAD_STATS, which userspace
-/// seeds when it starts watching a process).
+/// The daemon's id of `tgid` if its threads are accounted (consulted when a thread is
+/// created, and for a daemon outside the host's PID namespace when an unknown thread switches
+/// out; every other hook finds watched threads by their entry in THREAD_STATS, which
+/// userspace seeds when it starts watching a process where it can).
 #[inline(always)]
-fn watched(cfg: &Config, tgid: u32) -> bool {
-    // SAFETY: the reference into the map's value is only tested for presence, never read, so
-    // a concurrent update by userspace cannot be observed torn.
-    tgid != 0 && tgid != cfg.self_tgid && unsafe { WATCHED.get(tgid) }.is_some()
+fn watched(cfg: &Config, tgid: u32) -> Option<u32> {
+    if tgid == 0 || tgid == cfg.self_tgid {
+        return None;
+    }
+    // SAFETY: a plain u32 read from the map's value; userspace only inserts and removes it.
+    unsafe { WATCHED.get(tgid) }.copied()
+}
+
+/// Whether the daemon sees other ids than the kernel's (it runs in a PID namespace of its
+/// own, e.g. as a sidecar sharing the engine pod's).
+#[inline(always)]
+fn namespaced(cfg: &Config) -> bool {
+    cfg.view_ino != 0
+}
+
+/// The current task's (tid, tgid) in the daemon's PID namespace; None when it is not in that
+/// namespace.
+#[inline(always)]
+fn current_view(cfg: &Config) -> Option<(u32, u32)> {
+    let mut info = bpf_pidns_info { pid: 0, tgid: 0 };
+    // SAFETY: `info` is a valid, writable bpf_pidns_info of the size passed.
+    let r = unsafe {
+        bpf_get_ns_current_pid_tgid(
+            cfg.view_dev,
+            cfg.view_ino,
+            &mut info,
+            size_of::<bpf_pidns_info>() as u32,
+        )
+    };
+    (r == 0).then_some((info.pid, info.tgid))
+}
+
+/// For a namespaced daemon: the accumulators of the current, untracked thread `tid` of
+/// `tgid`, made now if its process is watched. A process is known by the daemon's id until
+/// one of its threads runs here ([`Config::learn`]); its kernel id is then recorded in
+/// WATCHED, and its other threads are added as each first switches out.
+#[inline(always)]
+fn learn_current(cfg: &Config, tid: u32, tgid: u32, now: u64) -> Option<&'static mut ThreadStats> {
+    let view_tgid = match watched(cfg, tgid) {
+        Some(v) => v,
+        None => {
+            if cfg.learn == 0 {
+                return None;
+            }
+            let (_, view_tgid) = current_view(cfg)?;
+            // SAFETY: tested for presence only.
+            unsafe { WATCHED_VIEW.get(view_tgid) }?;
+            WATCHED.insert(tgid, view_tgid, BPF_ANY as u64).ok()?;
+            view_tgid
+        }
+    };
+    let (view_tid, _) = current_view(cfg)?;
+    let fresh = ThreadStats {
+        tgid,
+        state: state::RUNNING,
+        mark_ns: now,
+        sys_nr: NO_SYSCALL,
+        view_tid,
+        view_tgid,
+        ..ThreadStats::default()
+    };
+    THREAD_STATS.insert(tid, fresh, BPF_NOEXIST as u64).ok()?;
+    tracked(tid, Some(tgid))
+}
+
+/// The id events give a thread: the daemon's view of a tracked one; else the kernel's id
+/// when the daemon sees those, [`OUTSIDE_VIEW`] when it does not.
+#[inline(always)]
+fn view_tid(cfg: &Config, tid: u32, view: u32) -> u32 {
+    if view != 0 {
+        view
+    } else if namespaced(cfg) {
+        OUTSIDE_VIEW
+    } else {
+        tid
+    }
 }
 
 /// Reads a `u32` field of a `struct task_struct *` at an offset userspace read from BTF.
@@ -96,12 +174,12 @@ fn tracked(tid: u32, tgid: Option<u32>) -> Option<&'static mut ThreadStats> {
     Some(s)
 }
 
-/// The current thread's id, and its accumulators if it is watched.
+/// The current thread's id and tgid, and its accumulators if it is watched.
 #[inline(always)]
-fn current_thread() -> (u32, Option<&'static mut ThreadStats>) {
+fn current_thread() -> (u32, u32, Option<&'static mut ThreadStats>) {
     let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
-    (tid, tracked(tid, Some((pid_tgid >> 32) as u32)))
+    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    (tid, tgid, tracked(tid, Some(tgid)))
 }
 
 /// Appends one deep-dive event without waking the reader unless the ring is filling up.
@@ -142,7 +220,7 @@ fn emit(cfg: &Config, kind: u32, tid: u32, ts_ns: u64, arg0: u64, arg1: u64) {
 fn on_sched_switch(ctx: *mut core::ffi::c_void) -> u32 {
     let Some(cfg) = config() else { return 0 };
     // At this tracepoint `current` is still `prev`.
-    let (prev_tid, prev) = current_thread();
+    let (prev_tid, prev_tgid, mut prev) = current_thread();
     let next_tid = task_field(arg(ctx, 2), cfg.task_pid_off);
     let next = if next_tid == 0 {
         None
@@ -156,10 +234,24 @@ fn on_sched_switch(ctx: *mut core::ffi::c_void) -> u32 {
     // verifier rejects.)
     let mut now = 0;
     let mut involved = false;
+    let (mut prev_view, mut next_view) = (0, 0);
 
-    if let Some(s) = prev {
+    if prev.is_none() && namespaced(cfg) {
         now = now_ns();
+        prev = learn_current(cfg, prev_tid, prev_tgid, now);
+    }
+    if let Some(s) = prev {
+        if now == 0 {
+            now = now_ns();
+        }
         involved = true;
+        // A thread created since its process was learned gets its view id here.
+        if s.view_tid == 0 && namespaced(cfg) {
+            if let Some((tid, _)) = current_view(cfg) {
+                s.view_tid = tid;
+            }
+        }
+        prev_view = s.view_tid;
         if s.state == state::RUNNING || s.state == state::UNKNOWN_RUNNABLE {
             s.on_cpu_ns += now.saturating_sub(s.mark_ns);
         }
@@ -177,6 +269,7 @@ fn on_sched_switch(ctx: *mut core::ffi::c_void) -> u32 {
             now = now_ns();
             involved = true;
         }
+        next_view = s.view_tid;
         let waited = now.saturating_sub(s.mark_ns);
         match s.state {
             state::RUNNABLE | state::UNKNOWN_RUNNABLE => s.runq_wait_ns += waited,
@@ -189,7 +282,11 @@ fn on_sched_switch(ctx: *mut core::ffi::c_void) -> u32 {
     }
     if cfg.deep_dive != 0 && involved {
         let flags = prev_state as u64 | (preempt as u64) << 32;
-        emit(cfg, event::SWITCH, prev_tid, now, next_tid as u64, flags);
+        let (prev_id, next_id) = (
+            view_tid(cfg, prev_tid, prev_view),
+            view_tid(cfg, next_tid, next_view),
+        );
+        emit(cfg, event::SWITCH, prev_id, now, next_id as u64, flags);
     }
     0
 }
@@ -209,7 +306,8 @@ fn on_wakeup(ctx: *mut core::ffi::c_void) -> u32 {
         s.mark_ns = now;
     }
     if cfg.deep_dive != 0 {
-        emit(cfg, event::WAKEUP, tid, now, s.tgid as u64, 0);
+        let id = view_tid(cfg, tid, s.view_tid);
+        emit(cfg, event::WAKEUP, id, now, s.view_tgid as u64, 0);
     }
     0
 }
@@ -220,22 +318,33 @@ fn on_wakeup_new(ctx: *mut core::ffi::c_void) -> u32 {
     let Some(cfg) = config() else { return 0 };
     let task = arg(ctx, 0);
     let tgid = task_field(task, cfg.task_tgid_off);
-    if !watched(cfg, tgid) {
+    let Some(view_tgid) = watched(cfg, tgid) else {
         return 0;
-    }
+    };
     let tid = task_field(task, cfg.task_pid_off);
     let now = now_ns();
+    // A namespaced daemon learns the new thread's id when it first switches out.
+    let view = if namespaced(cfg) { 0 } else { tid };
     let fresh = ThreadStats {
         tgid,
         state: state::RUNNABLE,
         mark_ns: now,
         sys_nr: NO_SYSCALL,
+        view_tid: view,
+        view_tgid,
         ..ThreadStats::default()
     };
     // A new thread: replace whatever a previous owner of this tid left behind.
     let _ = THREAD_STATS.insert(tid, fresh, BPF_ANY as u64);
     if cfg.deep_dive != 0 {
-        emit(cfg, event::WAKEUP, tid, now, tgid as u64, 1);
+        emit(
+            cfg,
+            event::WAKEUP,
+            view_tid(cfg, tid, view),
+            now,
+            view_tgid as u64,
+            1,
+        );
     }
     0
 }
@@ -244,7 +353,7 @@ fn on_wakeup_new(ctx: *mut core::ffi::c_void) -> u32 {
 #[inline(always)]
 fn on_exit() -> u32 {
     let Some(cfg) = config() else { return 0 };
-    let (tid, Some(s)) = current_thread() else {
+    let (tid, _, Some(s)) = current_thread() else {
         return 0;
     };
     let now = now_ns();
@@ -252,7 +361,7 @@ fn on_exit() -> u32 {
     s.exit_ns = now;
     s.exit_comm = bpf_get_current_comm().unwrap_or_default();
     if cfg.deep_dive != 0 {
-        emit(cfg, event::EXIT, tid, now, 0, 0);
+        emit(cfg, event::EXIT, view_tid(cfg, tid, s.view_tid), now, 0, 0);
     }
     0
 }
@@ -261,7 +370,7 @@ fn on_exit() -> u32 {
 #[inline(always)]
 fn on_sys_enter(ctx: *mut core::ffi::c_void) -> u32 {
     let Some(cfg) = config() else { return 0 };
-    let (tid, Some(s)) = current_thread() else {
+    let (tid, _, Some(s)) = current_thread() else {
         return 0;
     };
     let now = now_ns();
@@ -269,7 +378,14 @@ fn on_sys_enter(ctx: *mut core::ffi::c_void) -> u32 {
     s.sys_nr = nr;
     s.sys_enter_ns = now;
     if cfg.deep_dive != 0 {
-        emit(cfg, event::SYS_ENTER, tid, now, nr as u64, 0);
+        emit(
+            cfg,
+            event::SYS_ENTER,
+            view_tid(cfg, tid, s.view_tid),
+            now,
+            nr as u64,
+            0,
+        );
     }
     0
 }
@@ -278,7 +394,7 @@ fn on_sys_enter(ctx: *mut core::ffi::c_void) -> u32 {
 #[inline(always)]
 fn on_sys_exit(ctx: *mut core::ffi::c_void) -> u32 {
     let Some(cfg) = config() else { return 0 };
-    let (tid, Some(s)) = current_thread() else {
+    let (tid, _, Some(s)) = current_thread() else {
         return 0;
     };
     let nr = s.sys_nr;
@@ -287,6 +403,7 @@ fn on_sys_exit(ctx: *mut core::ffi::c_void) -> u32 {
     }
     let now = now_ns();
     let ret = arg(ctx, 1) as i64;
+    let id = view_tid(cfg, tid, s.view_tid);
     s.sys_nr = NO_SYSCALL;
     let latency = now.saturating_sub(s.sys_enter_ns);
     if ret > 0 {
@@ -309,7 +426,7 @@ fn on_sys_exit(ctx: *mut core::ffi::c_void) -> u32 {
         sc.hist[hist_bucket(latency) & (HIST_BUCKETS - 1)] += 1;
     }
     if cfg.deep_dive != 0 {
-        emit(cfg, event::SYS_EXIT, tid, now, nr as u64, ret as u64);
+        emit(cfg, event::SYS_EXIT, id, now, nr as u64, ret as u64);
     }
     0
 }

@@ -4,7 +4,7 @@
 use std::{
     net::TcpStream,
     path::{Path, PathBuf},
-    process::{Child, ExitStatus},
+    process::{Child, Command, ExitStatus},
     time::{Duration, Instant},
 };
 
@@ -88,8 +88,28 @@ impl Daemon {
     }
 
     pub fn start_with(dir: &Path, port: u16, cfg: PathBuf) -> Daemon {
+        Daemon::start_in(dir, port, cfg, &[])
+    }
+
+    /// The daemon run by the programs of `prefix` (e.g. to enter namespaces), each of which
+    /// runs the next or execs it, the daemon last.
+    pub fn start_in(dir: &Path, port: u16, cfg: PathBuf, prefix: &[String]) -> Daemon {
         let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
-        let child = stallscope()
+        let daemon = stallscope();
+        let mut command = match prefix {
+            [] => stallscope(),
+            [program, args @ ..] => {
+                let mut c = Command::new(program);
+                c.args(args).arg(daemon.get_program());
+                for (k, v) in daemon.get_envs() {
+                    if let Some(v) = v {
+                        c.env(k, v);
+                    }
+                }
+                c
+            }
+        };
+        let child = command
             .arg("run")
             .arg("--config")
             .arg(cfg)
@@ -147,7 +167,7 @@ impl Daemon {
     /// Stops the daemon's process (SIGSTOP) until `done` (polled every 100 ms) or for `limit`,
     /// then lets it go on; whether `done` came.
     pub fn freeze_until(&self, limit: Duration, done: impl Fn() -> bool) -> bool {
-        let pid = self.child.as_ref().unwrap().id() as i32;
+        let pid = self.pid();
         let t = Instant::now();
         // SAFETY: plain kill(2) on our child.
         unsafe { libc::kill(pid, libc::SIGSTOP) };
@@ -204,17 +224,39 @@ impl Daemon {
         }
     }
 
-    /// SIGTERM, then the exit status.
+    /// The daemon's pid (in this process's PID namespace): the child, or below programs of a
+    /// prefix that fork rather than exec (nsenter, for a PID namespace), their only child.
+    pub fn pid(&self) -> i32 {
+        let mut pid = self.child.as_ref().unwrap().id();
+        while std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c.trim() != "stallscope")
+        {
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default();
+            match children.split_whitespace().next() {
+                Some(c) => pid = c.parse().unwrap(),
+                None => break,
+            }
+        }
+        pid as i32
+    }
+
+    /// SIGTERM, then the exit status (a prefix's program passes the daemon's on).
     pub fn stop(&mut self) -> ExitStatus {
+        let pid = self.pid();
         let mut c = self.child.take().unwrap();
-        // SAFETY: plain kill(2) on our child.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        // SAFETY: plain kill(2) on our descendant.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
         c.wait().unwrap()
     }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        if self.child.is_some() {
+            // SAFETY: plain kill(2) on our descendant.
+            unsafe { libc::kill(self.pid(), libc::SIGKILL) };
+        }
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();

@@ -162,6 +162,18 @@ impl Features {
                 status(self.raw_tracepoint),
                 String::new(),
             ),
+            (
+                "PID namespace".into(),
+                "ok",
+                match crate::os::pidns::own_unless_host() {
+                    Ok(None) => "the host's: engines are watched by the kernel's ids".to_string(),
+                    Ok(Some(ns)) => format!(
+                        "its own (inode {}, e.g. a sidecar): engines in it are watched by its ids, whose kernel ids the probes learn as the engines' threads run",
+                        ns.ino
+                    ),
+                    Err(e) => format!("unknown: /proc/self/ns/pid: {e}"),
+                },
+            ),
         ]);
         rows
     }

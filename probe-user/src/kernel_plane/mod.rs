@@ -1,6 +1,11 @@
 //! Loader for the kernel plane: loads the eBPF object, attaches every hook (tp_btf, or
 //! raw_tracepoint where tp_btf is refused), manages the watched processes, and reads the
 //! per-thread accumulators on demand. Dropping it detaches and unloads everything.
+//!
+//! Every id in and out of this module is the daemon's view of it (its `/proc`'s). When the
+//! daemon runs in a PID namespace of its own (a sidecar), the probes learn the kernel's ids
+//! of a watched process from its threads as they run, so a thread is accounted from its first
+//! switch after the watch began, and one that never runs is not listed.
 
 use std::{collections::HashMap as StdHashMap, os::fd::OwnedFd, time::Duration};
 
@@ -21,7 +26,7 @@ pub mod drain;
 pub mod features;
 pub mod syscall_names;
 
-use crate::os::{clock, procfs};
+use crate::os::{clock, pidns, procfs};
 use btf_offsets::TaskOffsets;
 use features::Features;
 
@@ -80,6 +85,7 @@ pub struct Snapshot {
 pub struct KernelPlane {
     ebpf: Ebpf,
     watched: HashMap<MapData, u32, u32>,
+    watched_view: HashMap<MapData, u32, u32>,
     config_map: Array<MapData, Config>,
     threads: HashMap<MapData, u32, ThreadStats>,
     syscalls: HashMap<MapData, SyscallKey, SyscallStats>,
@@ -107,18 +113,36 @@ impl KernelPlane {
                 .ok_or_else(|| anyhow!("eBPF object has no map {name}"))
         };
         let watched = HashMap::try_from(take(map::WATCHED)?)?;
+        let watched_view = HashMap::try_from(take(map::WATCHED_VIEW)?)?;
         let mut config_map = Array::try_from(take(map::CONFIG)?)?;
         let threads = HashMap::try_from(take(map::THREAD_STATS)?)?;
         let syscalls = HashMap::try_from(take(map::SYSCALL_STATS)?)?;
         let lost = PerCpuArray::try_from(take(map::LOST)?)?;
         let ring = RingBuf::try_from(take(map::EVENTS)?)?;
 
+        let view = pidns::own_unless_host().context("reading /proc/self/ns/pid")?;
+        if let Some(ns) = view {
+            info!(
+                "kernel plane: this daemon has a PID namespace of its own (inode {}): the kernel's ids of watched processes are learned as their threads run",
+                ns.ino
+            );
+        }
         let config = Config {
-            self_tgid: std::process::id(),
+            // The kernel's id of the daemon is unknown in a namespace of its own; it never
+            // watches itself either way.
+            self_tgid: if view.is_some() {
+                0
+            } else {
+                std::process::id()
+            },
             deep_dive: 0,
             task_pid_off: offsets.pid,
             task_tgid_off: offsets.tgid,
             wake_threshold: u64::from(EVENT_RING_BYTES / 4),
+            view_dev: view.map_or(0, |v| v.dev),
+            view_ino: view.map_or(0, |v| v.ino),
+            learn: 0,
+            _pad: 0,
         };
         config_map
             .set(0, config, 0)
@@ -133,6 +157,7 @@ impl KernelPlane {
         Ok(Self {
             ebpf,
             watched,
+            watched_view,
             config_map,
             threads,
             syscalls,
@@ -144,15 +169,27 @@ impl KernelPlane {
         })
     }
 
+    /// Whether the daemon's ids are not the kernel's (see the module's doc).
+    fn namespaced(&self) -> bool {
+        self.config.view_ino != 0
+    }
+
     /// Starts accounting the threads of `pid`. Existing threads are seeded from /proc so
     /// that time before their first event is credited: runnable ones as "running or
-    /// waiting, resolved by the first switch", the others as blocked since now.
+    /// waiting, resolved by the first switch", the others as blocked since now. (In a PID
+    /// namespace of the daemon's own, the probes learn them as they run instead.)
     pub fn watch(&mut self, pid: u32) -> Result<()> {
         if pid == std::process::id() {
             return Err(anyhow!("stallscope does not watch itself (pid {pid})"));
         }
+        if self.namespaced() {
+            self.watched_view
+                .insert(pid, 1, 0)
+                .with_context(|| format!("watching pid {pid}"))?;
+            return self.set_learning(true);
+        }
         self.watched
-            .insert(pid, 1, 0)
+            .insert(pid, pid, 0)
             .with_context(|| format!("watching pid {pid}"))?;
         let now = clock::monotonic_ns();
         for tid in procfs::threads(pid) {
@@ -168,6 +205,8 @@ impl KernelPlane {
                 },
                 mark_ns: now,
                 sys_nr: u32::MAX,
+                view_tid: tid,
+                view_tgid: pid,
                 ..ThreadStats::default()
             };
             // A thread created since WATCHED was filled already has its entry (from
@@ -179,13 +218,23 @@ impl KernelPlane {
 
     /// Stops accounting `pid` and forgets its threads.
     pub fn unwatch(&mut self, pid: u32) -> Result<()> {
-        let _ = self.watched.remove(&pid);
+        let _ = self.watched_view.remove(&pid);
+        let kernel_ids: Vec<u32> = self
+            .watched
+            .iter()
+            .filter_map(|r| r.ok())
+            .filter(|&(_, view)| view == pid)
+            .map(|(tgid, _)| tgid)
+            .collect();
+        for tgid in kernel_ids {
+            let _ = self.watched.remove(&tgid);
+        }
         let tids: Vec<u32> = self
             .threads
             .iter()
             .filter_map(|r| r.ok())
-            .filter(|(_, s)| s.tgid == pid)
-            .map(|(tid, _)| tid)
+            .filter(|(_, s)| s.view_tgid == pid)
+            .map(|(_, s)| s.view_tid)
             .collect();
         self.forget_threads(&tids);
         Ok(())
@@ -193,7 +242,14 @@ impl KernelPlane {
 
     /// Removes the accumulators of these threads (e.g. exited ones already reported).
     pub fn forget_threads(&mut self, tids: &[u32]) {
-        for tid in tids {
+        let tids: Vec<u32> = self
+            .threads
+            .iter()
+            .filter_map(|r| r.ok())
+            .filter(|(_, s)| tids.contains(&s.view_tid))
+            .map(|(kernel_tid, _)| kernel_tid)
+            .collect();
+        for tid in &tids {
             let _ = self.threads.remove(tid);
         }
         let keys: Vec<SyscallKey> = self
@@ -216,6 +272,41 @@ impl KernelPlane {
         Ok(())
     }
 
+    /// Asks the probes to learn the kernel's ids of watched processes (a namespaced daemon
+    /// only), or stops asking: learning costs every switch of every thread on the node a
+    /// helper call and a lookup.
+    fn set_learning(&mut self, on: bool) -> Result<()> {
+        if self.config.learn == u32::from(on) {
+            return Ok(());
+        }
+        self.config.learn = u32::from(on);
+        self.config_map
+            .set(0, self.config, 0)
+            .context("switching the kernel plane's id learning")?;
+        Ok(())
+    }
+
+    /// Stops learning once every process watched by the daemon's id has its kernel id.
+    fn settle_learning(&mut self) {
+        if self.config.learn == 0 {
+            return;
+        }
+        let learned: Vec<u32> = self
+            .watched
+            .iter()
+            .filter_map(|r| r.ok())
+            .map(|(_, v)| v)
+            .collect();
+        let pending = self
+            .watched_view
+            .keys()
+            .filter_map(|k| k.ok())
+            .any(|v| !learned.contains(&v));
+        if !pending {
+            let _ = self.set_learning(false);
+        }
+    }
+
     /// Hands out the deep-dive ring (once).
     pub fn take_ring(&mut self) -> Option<RingBuf<MapData>> {
         self.ring.take()
@@ -228,7 +319,11 @@ impl KernelPlane {
 
     /// Whether `pid` is being accounted.
     pub fn is_watched(&self, pid: u32) -> bool {
-        self.watched.get(&pid, 0).is_ok()
+        if self.namespaced() {
+            self.watched_view.get(&pid, 0).is_ok()
+        } else {
+            self.watched.get(&pid, 0).is_ok()
+        }
     }
 
     /// Deep-dive events dropped so far because the ring was full.
@@ -236,10 +331,18 @@ impl KernelPlane {
         self.lost.get(&0, 0).map(|v| v.iter().sum()).unwrap_or(0)
     }
 
-    /// Reads every accumulator now.
-    pub fn snapshot(&self) -> Snapshot {
+    /// Reads every accumulator now, by the daemon's ids (`ThreadStats::tgid` too). Threads
+    /// whose id the daemon has not learned yet are left out.
+    pub fn snapshot(&mut self) -> Snapshot {
+        self.settle_learning();
         let mut snap = Snapshot::default();
+        let mut view_of = StdHashMap::new();
         for (tid, mut s) in self.threads.iter().filter_map(|r| r.ok()) {
+            if s.view_tid == 0 {
+                continue;
+            }
+            view_of.insert(tid, s.view_tid);
+            s.tgid = s.view_tgid;
             if s.exited == 0 {
                 let open = clock::monotonic_ns().saturating_sub(s.mark_ns);
                 match s.state {
@@ -249,10 +352,12 @@ impl KernelPlane {
                     _ => {}
                 }
             }
-            snap.threads.insert(tid, s);
+            snap.threads.insert(s.view_tid, s);
         }
         for (k, v) in self.syscalls.iter().filter_map(|r| r.ok()) {
-            snap.syscalls.insert((k.tid, k.nr), v);
+            if let Some(&tid) = view_of.get(&k.tid) {
+                snap.syscalls.insert((tid, k.nr), v);
+            }
         }
         snap.lost_events = self.lost_events();
         snap.taken_ns = clock::monotonic_ns();

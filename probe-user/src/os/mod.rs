@@ -3,6 +3,7 @@
 
 pub mod caps;
 pub mod clock;
+pub mod pidns;
 pub mod procfs;
 pub mod sched;
 pub mod stop_flag;

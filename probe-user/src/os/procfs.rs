@@ -7,12 +7,12 @@ fn proc_dir(pid: u32) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}"))
 }
 
-/// Whether a process with this pid exists (and is not a zombie already reaped).
+/// Whether a process with this pid exists and has a live thread. Its leader shows as a
+/// zombie as soon as it ends, while its other threads may still run (after exit_group they
+/// are still exiting: their exit is not accounted yet; after pthread_exit they run on).
 pub fn process_exists(pid: u32) -> bool {
-    match thread_state(pid, pid) {
-        Some(state) => state != 'Z' && state != 'X',
-        None => false,
-    }
+    let live = |tid| thread_state(pid, tid).is_some_and(|s| s != 'Z' && s != 'X');
+    live(pid) || (thread_state(pid, pid).is_some() && threads(pid).into_iter().any(live))
 }
 
 /// Checks that `pid` names a live process other than stallscope itself (the target of a
