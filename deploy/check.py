@@ -38,6 +38,9 @@ CASES = {
     "token-from-existing-secret": {"apiToken": {"existingSecret": "stallscope-api"}},
     "no-rbac-no-service-account": {"rbac": {"create": False}, "serviceAccount": {"create": False}},
     "ids-only": {"kubeletReadOnlyPort": 0, "config": {"pods": {"names": "none"}}},
+    "otlp-to-a-node-agent": {
+        "config": {"otlp": {"endpoint": "http://otel-agent.monitoring:4318", "metrics_interval": "30s"}},
+    },
     "gpu-nodes": {
         "nodeSelector": {"nvidia.com/gpu.present": "true"},
         "priorityClassName": "",
@@ -54,6 +57,7 @@ BAD_VALUES = {
     "an unknown top-level key": {"replicas": 3},
     "a relative state path": {"stateHostPath": "var/lib/stallscope"},
     "an unknown pod-name source": {"config": {"pods": {"names": "cri"}}},
+    "an https OTLP endpoint (no TLS in the daemon)": {"config": {"otlp": {"endpoint": "https://c:4318"}}},
 }
 
 # Custom resources: no Kubernetes schema covers them; their content is checked here and by

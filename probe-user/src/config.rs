@@ -29,6 +29,80 @@ pub struct Config {
     /// Where pod and container names come from.
     #[serde(default)]
     pub pods: PodsConfig,
+    /// OpenTelemetry export.
+    #[serde(default)]
+    pub otlp: OtlpConfig,
+}
+
+/// OpenTelemetry export over OTLP/HTTP with protobuf bodies: the metrics, each alert's start
+/// and end as a log record, each deep dive as a span.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OtlpConfig {
+    /// The collector's base URL (`http://HOST:4318`; `/v1/metrics`, `/v1/logs` and
+    /// `/v1/traces` are appended); empty: no export.
+    pub endpoint: String,
+    /// HTTP headers sent with every export (e.g. an `authorization` token).
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// Bound of one export request, its retries included.
+    #[serde(with = "duration_text")]
+    pub timeout: Duration,
+    /// Most log records or spans in one request.
+    pub batch: usize,
+    /// Log records and spans held while the collector is slow or down; past it new ones are
+    /// dropped and counted (`stallscope_otlp_dropped_total`).
+    pub queue: usize,
+    /// How often the metrics are exported.
+    #[serde(with = "duration_text")]
+    pub metrics_interval: Duration,
+}
+
+impl Default for OtlpConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: String::new(),
+            headers: Default::default(),
+            timeout: Duration::from_secs(5),
+            batch: 256,
+            queue: 4096,
+            metrics_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+impl OtlpConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.endpoint.is_empty() {
+            return Ok(());
+        }
+        if self.endpoint.starts_with("https://") {
+            bail!(
+                "otlp.endpoint {:?}: this build exports over plain HTTP only (no TLS); point it at a collector's http:// receiver, such as a node-local agent",
+                self.endpoint
+            );
+        }
+        let authority = self
+            .endpoint
+            .strip_prefix("http://")
+            .map(|rest| rest.split('/').next().unwrap_or_default());
+        if authority.is_none_or(str::is_empty) {
+            bail!(
+                "otlp.endpoint {:?} is not a collector's base URL: write it as http://HOST:4318 (or \"\" for no export)",
+                self.endpoint
+            );
+        }
+        if self.timeout.is_zero() || self.metrics_interval.is_zero() {
+            bail!("otlp.timeout and otlp.metrics_interval must be above zero (such as \"5s\")");
+        }
+        if self.batch == 0 || self.queue < self.batch {
+            bail!(
+                "otlp.batch must be at least 1 and otlp.queue at least otlp.batch (batch {}, queue {})",
+                self.batch,
+                self.queue
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Pod identity: the ids come from each process's cgroup; the names from here.
@@ -342,7 +416,8 @@ impl Config {
         Ok(c)
     }
 
-    fn validate(&self) -> Result<()> {
+    /// Checks every setting; the error names the key and the fix.
+    pub fn validate(&self) -> Result<()> {
         let s = &self.sentinel;
         if !(s.theta_max > 0.0 && s.theta_max.is_finite()) {
             bail!("sentinel.theta_max must be a positive number (a relative error such as 0.5)");
@@ -376,6 +451,7 @@ impl Config {
         }
         s.watch_specs()?;
         self.deep_dive.validate()?;
+        self.otlp.validate()?;
         self.pods.source()?;
         if self.pods.timeout.is_zero() {
             bail!("pods.timeout must be above zero (such as \"2s\")");
@@ -482,5 +558,34 @@ mod tests {
         )
         .unwrap_err();
         assert!(format!("{e:#}").contains("no profile named"), "{e:#}");
+    }
+
+    /// Each bad `[otlp]` setting is refused with an error naming its key.
+    #[test]
+    fn bad_otlp_settings_name_their_key() {
+        for (over, key) in [
+            ("endpoint = \"https://collector:4318\"", "plain HTTP only"),
+            ("endpoint = \"collector:4318\"", "otlp.endpoint"),
+            ("endpoint = \"http://\"", "otlp.endpoint"),
+            ("endpoint = \"http://c:4318\"\nbatch = 0", "otlp.batch"),
+            (
+                "endpoint = \"http://c:4318\"\nbatch = 10\nqueue = 5",
+                "otlp.queue",
+            ),
+            (
+                "endpoint = \"http://c:4318\"\ntimeout = \"0s\"",
+                "otlp.timeout",
+            ),
+            ("endpoint = \"http://c:4318\"\nflush = 1", "unknown field"),
+        ] {
+            let e = Config::parse_over_default(&format!("[otlp]\n{over}\n"), "x").unwrap_err();
+            assert!(format!("{e:#}").contains(key), "{over}: {e:#}");
+        }
+        let ok = Config::parse_over_default(
+            "[otlp]\nendpoint = \"http://c:4318\"\n[otlp.headers]\nauthorization = \"Bearer t\"\n",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(ok.otlp.headers["authorization"], "Bearer t");
     }
 }

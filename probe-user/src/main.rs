@@ -9,11 +9,13 @@ mod deep_dive;
 mod gpu_plane;
 mod kernel_plane;
 mod os;
+mod otlp;
 mod python_plane;
 mod sentinel;
 
 use std::{path::PathBuf, process::ExitCode};
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 use crate::kernel_plane::features::{Features, KernelPaths};
@@ -63,6 +65,10 @@ enum Command {
         /// Directory for fitted models and the alert log (default from the config).
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Export metrics, alerts and deep dives to this OpenTelemetry collector over
+        /// OTLP/HTTP (its base URL, http://HOST:4318; default from the config's [otlp]).
+        #[arg(long)]
+        otlp_endpoint: Option<String>,
         /// Check the configuration (the file laid over the embedded default, then the
         /// environment's overrides), print it as the daemon would run it, and exit.
         #[arg(long)]
@@ -137,6 +143,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             pid,
             listen,
             state_dir,
+            otlp_endpoint,
             check_config,
         } => {
             let mut cfg = config::Config::load(config.as_deref())?;
@@ -147,10 +154,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(d) = state_dir {
                 cfg.state.dir = d;
             }
+            if let Some(url) = otlp_endpoint {
+                cfg.otlp.endpoint = url;
+                cfg.otlp.validate().context("invalid --otlp-endpoint")?;
+            }
             if check_config {
                 let mut shown = cfg.clone();
                 if !shown.deep_dive.token.is_empty() {
                     shown.deep_dive.token = "(set)".into();
+                }
+                for v in shown.otlp.headers.values_mut() {
+                    *v = "(set)".into();
                 }
                 println!("{shown:#?}");
                 return Ok(());

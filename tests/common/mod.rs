@@ -14,6 +14,7 @@ use sys_util::process::Group;
 
 pub mod daemon;
 pub mod kubelet;
+pub mod otlp_receiver;
 
 /// The stallscope binary (`cargo xtask test` builds it and sets STALLSCOPE_BIN).
 pub fn stallscope() -> Command {

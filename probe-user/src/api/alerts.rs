@@ -7,10 +7,11 @@ use std::{
     fs::{File, OpenOptions},
     io::Write,
     path::Path,
-    sync::Mutex,
+    sync::{Arc, Mutex},
 };
 
 use anyhow::{Context, Result};
+use model::Workload;
 use pod_identity::Identity;
 use serde::Serialize;
 
@@ -36,14 +37,54 @@ pub struct Alert {
     pub moving_mean: f64,
     /// The UCL.
     pub ucl: f64,
-    /// The trigger iteration's duration and prediction, µs.
+    /// The trigger iteration's duration, µs.
     pub duration_us: f64,
     /// Its prediction, µs.
     pub predicted_us: f64,
+    /// What it computed.
+    pub workload: Workload,
+    /// Its stage (`decode`, `prefill`, `mixed`).
+    pub stage: &'static str,
+    /// How far the window's iterations ran over their prediction.
+    pub severity: Severity,
     /// Wall-clock end, ms since the epoch (None while open).
     pub ended_unix_ms: Option<u64>,
     /// Modelled iterations while it was open.
     pub iterations: u64,
+}
+
+/// An alert's severity, from the moving mean of E = 1 − predicted/actual that raised it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Over the UCL, but the window's iterations took less than twice their prediction.
+    Warning,
+    /// The window's iterations took twice their prediction or more (moving mean ≥ 0.5).
+    Critical,
+}
+
+impl Severity {
+    /// The severity of an alert raised by `moving_mean`.
+    pub fn of(moving_mean: f64) -> Severity {
+        if moving_mean >= 0.5 {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
+/// Something told of every alert event as the alert log records it (the OTLP export).
+pub trait AlertSink: Send + Sync {
+    /// `event` is `alert_start` or `alert_end`.
+    fn alert(&self, event: &str, alert: &Alert);
 }
 
 /// The recent alerts, the alert log and the ids.
@@ -53,6 +94,7 @@ pub struct AlertLog {
     /// again goes on counting instead of reusing ids.
     ids: Mutex<BTreeMap<u32, u64>>,
     log: Mutex<File>,
+    sinks: Mutex<Vec<Arc<dyn AlertSink>>>,
 }
 
 impl AlertLog {
@@ -76,6 +118,7 @@ impl AlertLog {
             recent: Mutex::new(VecDeque::new()),
             ids: Mutex::new(BTreeMap::new()),
             log: Mutex::new(log),
+            sinks: Mutex::new(Vec::new()),
         })
     }
 
@@ -87,9 +130,18 @@ impl AlertLog {
         *id
     }
 
-    /// Records an alert event (`alert_start` or `alert_end`) in memory and in the log.
+    /// Tells `sink` of every alert event from now on.
+    pub fn subscribe(&self, sink: Arc<dyn AlertSink>) {
+        self.sinks.lock().expect("alert sinks lock").push(sink);
+    }
+
+    /// Records an alert event (`alert_start` or `alert_end`) in memory, in the log and with
+    /// every sink.
     pub fn event(&self, event: &str, alert: &Alert) {
         self.keep(alert);
+        for sink in self.sinks.lock().expect("alert sinks lock").iter() {
+            sink.alert(event, alert);
+        }
         let mut line = serde_json::to_value(alert).expect("alerts serialise");
         line["event"] = event.into();
         let mut log = self.log.lock().expect("log lock");

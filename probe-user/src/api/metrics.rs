@@ -97,6 +97,13 @@ pub struct Metrics {
     pub gpu_void: HistogramVec,
     /// Kernel start minus its launching call's start.
     pub gpu_launch: HistogramVec,
+    /// OTLP items (`signal`: `logs`, `spans`) the collector took.
+    pub otlp_exported: IntCounterVec,
+    /// OTLP items dropped: a full queue while the collector was slow or down, or unsent at
+    /// shutdown.
+    pub otlp_dropped: IntCounterVec,
+    /// Failed OTLP export requests (`signal`: `logs`, `spans`, `metrics`).
+    pub otlp_failures: IntCounterVec,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -180,8 +187,16 @@ impl Metrics {
                 )
                 .unwrap(),
             ),
+            otlp_exported: reg(r, IntCounterVec::new(opts("otlp_exported_total", "OTLP log records and spans the collector took"), &["signal"]).unwrap()),
+            otlp_dropped: reg(r, IntCounterVec::new(opts("otlp_dropped_total", "OTLP log records and spans dropped (queue full while the collector was slow or down, or unsent at shutdown)"), &["signal"]).unwrap()),
+            otlp_failures: reg(r, IntCounterVec::new(opts("otlp_export_failures_total", "Failed OTLP export requests"), &["signal"]).unwrap()),
             registry,
         }
+    }
+
+    /// Every metric family with at least one series, as the registry gathers them.
+    pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.registry.gather()
     }
 
     /// The Prometheus text exposition of every metric.

@@ -7,7 +7,11 @@ use model::{Iteration, Verdict};
 use pod_identity::Identity;
 
 use crate::{
-    api::{alerts::Alert, metrics::ProcessLabels, state::Shared},
+    api::{
+        alerts::{Alert, Severity},
+        metrics::ProcessLabels,
+        state::Shared,
+    },
     os::clock::unix_ms,
 };
 
@@ -53,6 +57,9 @@ impl AlertBook {
                 ucl: v.ucl.unwrap_or_default(),
                 duration_us: it.duration_us(),
                 predicted_us: v.predicted_us.unwrap_or_default(),
+                workload: it.workload,
+                stage: it.stage.as_str(),
+                severity: Severity::of(v.moving_mean.unwrap_or_default()),
                 ended_unix_ms: None,
                 iterations: 1,
             };

@@ -13,6 +13,7 @@ use std::{
     time::Instant,
 };
 
+use crate::otlp::Otlp;
 use anyhow::{bail, Result};
 use log::{info, warn};
 
@@ -47,6 +48,13 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         Some(IterationCsv::create(&cfg.state.iterations_csv)?)
     };
     let mut plane = KernelPlane::load(&features)?;
+    let otlp = if cfg.otlp.endpoint.is_empty() {
+        None
+    } else {
+        let o = Arc::new(Otlp::start(&cfg.otlp, shared.clone())?);
+        shared.alerts.subscribe(o.clone());
+        Some(o)
+    };
     let (mark, _watchdog) = loop_watchdog::start(cfg.sentinel.poll_interval)?;
     let mut daemon = Daemon {
         mark,
@@ -124,6 +132,18 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
             if let Some(out) = &mut export {
                 let _ = out.flush();
             }
+            if let Some(o) = &otlp {
+                o.refresh_metrics();
+                let records = shared
+                    .deep_dive
+                    .registry
+                    .lock()
+                    .expect("registry lock")
+                    .records();
+                o.deep_dives(&records, |pid| {
+                    daemon.identities.get(pid).map(|p| p.identity.clone())
+                });
+            }
         }
         daemon.mark.enter(Phase::Idle);
         std::thread::sleep(cfg.sentinel.poll_interval);
@@ -136,6 +156,18 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
     }
     if let Some(out) = &mut export {
         out.flush()?;
+    }
+    if let Some(o) = otlp {
+        let records = shared
+            .deep_dive
+            .registry
+            .lock()
+            .expect("registry lock")
+            .records();
+        o.deep_dives(&records, |pid| {
+            daemon.identities.get(pid).map(|p| p.identity.clone())
+        });
+        o.shutdown();
     }
     drop(plane);
     info!("probes detached; stallscope stopped");
