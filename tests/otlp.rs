@@ -241,6 +241,10 @@ fn otlp_carries_metrics_alerts_and_deep_dives_and_counts_what_a_dead_collector_d
     let m = http_get(d.port, "/metrics");
     let exported = metric(&m, "stallscope_otlp_exported_total{signal=\"logs\"}");
     let received = log_records(&rx).len();
+    eprintln!(
+        "alert events {events}: exported {exported}, dropped {dropped_now}; the receiver got {received} ({before_outage} before the {cycles}-cycle outage)",
+        dropped_now = metric(&m, "stallscope_otlp_dropped_total{signal=\"logs\"}")
+    );
     assert_eq!(
         received as f64, exported,
         "the receiver got every record the daemon counts as exported, once"

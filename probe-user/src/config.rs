@@ -32,6 +32,34 @@ pub struct Config {
     /// OpenTelemetry export.
     #[serde(default)]
     pub otlp: OtlpConfig,
+    /// This node's serving group, for alerts routed to it by Alertmanager.
+    #[serde(default)]
+    pub fleet: FleetConfig,
+}
+
+/// This node's place in a serving group: an Alertmanager alert whose `group_label` names
+/// `group` and reaches `POST /api/v1/alertmanager` starts a deep dive here.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetConfig {
+    /// The serving group of this node's engines ("" = none: webhook alerts start nothing);
+    /// the `STALLSCOPE_GROUP` environment variable, when set, overrides it (a chart sets it
+    /// from a pod label through the downward API).
+    pub group: String,
+    /// The alert label that names a serving group.
+    pub group_label: String,
+    /// Most webhook calls taken per minute; more are refused with 429.
+    pub max_calls_per_minute: usize,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        Self {
+            group: String::new(),
+            group_label: "serving_group".into(),
+            max_calls_per_minute: 60,
+        }
+    }
 }
 
 /// OpenTelemetry export over OTLP/HTTP with protobuf bodies: the metrics, each alert's start
@@ -452,6 +480,9 @@ impl Config {
         s.watch_specs()?;
         self.deep_dive.validate()?;
         self.otlp.validate()?;
+        if self.fleet.group_label.is_empty() || self.fleet.max_calls_per_minute == 0 {
+            bail!("fleet.group_label must name an alert label (such as \"serving_group\") and fleet.max_calls_per_minute be at least 1");
+        }
         self.pods.source()?;
         if self.pods.timeout.is_zero() {
             bail!("pods.timeout must be above zero (such as \"2s\")");
@@ -466,8 +497,9 @@ impl Config {
     /// The embedded default, with the file at `path` laid over it: a file holds only the keys
     /// it changes (a table's keys replace the default's one by one; any other value, arrays
     /// included, replaces it whole). Then the environment's overrides:
-    /// `STALLSCOPE_DEEP_DIVE_TOKEN` for `[deep_dive] token` and `STALLSCOPE_KUBELET_URL` for
-    /// `[pods] kubelet_url` (a DaemonSet sets them from a Secret and the node's IP).
+    /// `STALLSCOPE_DEEP_DIVE_TOKEN` for `[deep_dive] token`, `STALLSCOPE_KUBELET_URL` for
+    /// `[pods] kubelet_url` and `STALLSCOPE_GROUP` for `[fleet] group` (a DaemonSet sets them
+    /// from a Secret, the node's IP and a pod label).
     pub fn load(path: Option<&std::path::Path>) -> Result<Self> {
         let mut cfg = match path {
             None => Self::parse(DEFAULT_CONFIG, "the embedded default configuration")?,
@@ -479,6 +511,9 @@ impl Config {
         };
         if let Ok(token) = std::env::var("STALLSCOPE_DEEP_DIVE_TOKEN") {
             cfg.deep_dive.token = token;
+        }
+        if let Ok(group) = std::env::var("STALLSCOPE_GROUP") {
+            cfg.fleet.group = group;
         }
         Ok(cfg)
     }

@@ -232,6 +232,7 @@ fn packages() -> Result<()> {
     let mut needed: Vec<&str> = [
         ("setpriv", "util-linux"),
         ("promtool", "prometheus"),
+        ("prometheus-alertmanager", "prometheus-alertmanager"),
         ("taskset", "util-linux"),
         ("buildah", "buildah"),
         ("crun", "crun"),

@@ -1,19 +1,21 @@
 //! The HTTP API: `/metrics` (Prometheus text format), `/api/v1/status`, `/api/v1/alerts`,
-//! `POST /api/v1/deep-dive` (loopback, or with the configured Bearer token) and
-//! `/api/v1/deep-dives[/{id}]`.
+//! `POST /api/v1/deep-dive` (loopback, or with the configured Bearer token),
+//! `/api/v1/deep-dives[/{id}]` and `POST /api/v1/alertmanager` (Alertmanager's webhook, always
+//! with the token).
 
 use std::{
+    collections::VecDeque,
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc,
+        Arc, Mutex,
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
 use axum::{
     body::Bytes,
-    extract::{Path, State},
+    extract::{DefaultBodyLimit, Path, State},
     http::{header, HeaderMap, StatusCode},
     response::{IntoResponse, Json, Response},
     routing::{get, post},
@@ -23,9 +25,14 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::{
-    api::state::Shared,
-    config::{DeepDiveConfig, MAX_WINDOW},
+    api::{alertmanager, state::Shared},
+    config::{DeepDiveConfig, FleetConfig, MAX_WINDOW},
+    deep_dive::registry::Refusal,
 };
+
+/// The largest webhook body taken (Alertmanager sends a group's alerts, truncated to its
+/// `max_alerts`); a larger one is refused with 413.
+const MAX_WEBHOOK_BODY: usize = 256 * 1024;
 
 struct App {
     shared: Arc<Shared>,
@@ -33,6 +40,9 @@ struct App {
     /// Whether the listener is on a loopback address (POST needs no token there).
     loopback: bool,
     deep_dive: DeepDiveConfig,
+    fleet: FleetConfig,
+    /// When the webhook calls of the last minute came.
+    webhook_calls: Mutex<VecDeque<Instant>>,
 }
 
 /// Binds `addr` now, so a taken port fails before anything is attached.
@@ -49,6 +59,7 @@ pub fn serve(
     listener: std::net::TcpListener,
     shared: Arc<Shared>,
     deep_dive: DeepDiveConfig,
+    fleet: FleetConfig,
     stop: Arc<AtomicBool>,
 ) -> Result<()> {
     let loopback = listener.local_addr()?.ip().is_loopback();
@@ -66,11 +77,17 @@ pub fn serve(
             .route("/api/v1/deep-dive", post(start_deep_dive))
             .route("/api/v1/deep-dives", get(deep_dives))
             .route("/api/v1/deep-dives/{id}", get(deep_dive_record))
+            .route(
+                "/api/v1/alertmanager",
+                post(alertmanager_webhook).layer(DefaultBodyLimit::max(MAX_WEBHOOK_BODY)),
+            )
             .with_state(Arc::new(App {
                 shared,
                 started: Instant::now(),
                 loopback,
                 deep_dive,
+                fleet,
+                webhook_calls: Mutex::new(VecDeque::new()),
             }));
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let stop_http = stop.clone();
@@ -190,13 +207,122 @@ fn window(name: &str, secs: f64) -> Result<std::time::Duration, String> {
     }
 }
 
+/// The token of an `Authorization: Bearer <token>` header.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+}
+
+/// Alertmanager's webhook: a firing alert for this node's serving group asks for a deep dive
+/// of its engine. Always needs the token; bounded in size and in calls per minute; a deep
+/// dive only within `max_per_hour`. A call that asks for nothing is answered 200 (so that
+/// Alertmanager does not retry it).
+async fn alertmanager_webhook(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let token = &app.deep_dive.token;
+    if token.is_empty() {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "webhook calls need a token: set [deep_dive] token (or STALLSCOPE_DEEP_DIVE_TOKEN) and give it to Alertmanager's webhook_config as http_config.authorization credentials".into(),
+        );
+    }
+    if bearer(&headers) != Some(token.as_str()) {
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong \"Authorization: Bearer <token>\": the webhook needs the [deep_dive] token".into(),
+        );
+    }
+    {
+        let mut calls = app.webhook_calls.lock().expect("webhook calls lock");
+        while calls
+            .front()
+            .is_some_and(|t| t.elapsed() >= Duration::from_secs(60))
+        {
+            calls.pop_front();
+        }
+        if calls.len() >= app.fleet.max_calls_per_minute {
+            return refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "more than {} webhook calls in the last minute ([fleet] max_calls_per_minute)",
+                    app.fleet.max_calls_per_minute
+                ),
+            );
+        }
+        calls.push_back(Instant::now());
+    }
+    let message = match alertmanager::parse(&body) {
+        Ok(m) => m,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, e.0),
+    };
+    let (label, group) = (&app.fleet.group_label, &app.fleet.group);
+    let firing = alertmanager::firing_for(&message, label, group);
+    let Some(first) = firing.first() else {
+        let reason = if group.is_empty() {
+            "this node has no serving group ([fleet] group or STALLSCOPE_GROUP)".to_string()
+        } else {
+            format!("no firing alert has {label}=\"{group}\"")
+        };
+        return Json(json!({ "deep_dive": null, "reason": reason })).into_response();
+    };
+    // The engine the alert names by its pod, else this node's first.
+    let statuses = app.shared.engines.statuses();
+    let pod = firing.iter().find_map(|a| a.labels.get("pod"));
+    let engine = statuses
+        .iter()
+        .find(|s| pod.is_some() && s.identity.pod.as_ref() == pod)
+        .or(statuses.first());
+    let Some(engine) = engine else {
+        return Json(json!({ "deep_dive": null, "reason": "no engine is attached on this node" }))
+            .into_response();
+    };
+    let alertname = first
+        .labels
+        .get("alertname")
+        .map_or("alert", String::as_str);
+    let admitted = app
+        .shared
+        .deep_dive
+        .registry
+        .lock()
+        .expect("registry lock")
+        .admit(
+            engine.pid,
+            format!("alertmanager {alertname} ({label}={group})"),
+            app.deep_dive.duration,
+            Duration::ZERO,
+            app.deep_dive.max_per_hour,
+            true,
+        );
+    match admitted {
+        Ok(id) => {
+            log::info!(
+                "Alertmanager: {alertname} for group {group}: deep dive {id} of engine {}",
+                engine.pid
+            );
+            (
+                StatusCode::ACCEPTED,
+                Json(json!({ "deep_dive": id, "pid": engine.pid, "status": format!("/api/v1/deep-dives/{id}") })),
+            )
+                .into_response()
+        }
+        Err(Refusal::Busy(id)) => {
+            Json(json!({ "deep_dive": id, "reason": "a deep dive is already capturing" }))
+                .into_response()
+        }
+        Err(r) => refuse(StatusCode::TOO_MANY_REQUESTS, r.to_string()),
+    }
+}
+
 async fn start_deep_dive(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
     if !app.loopback {
         let token = &app.deep_dive.token;
-        let presented = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+        let presented = bearer(&headers);
         if token.is_empty() || presented != Some(token.as_str()) {
             return refuse(
                 StatusCode::FORBIDDEN,

@@ -93,10 +93,15 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
     }
     let stop = Arc::new(AtomicBool::new(false));
     let http_thread = {
-        let (shared, stop, dd) = (shared.clone(), stop.clone(), cfg.deep_dive.clone());
+        let (shared, stop, dd, fleet) = (
+            shared.clone(),
+            stop.clone(),
+            cfg.deep_dive.clone(),
+            cfg.fleet.clone(),
+        );
         std::thread::Builder::new()
             .name("stallscope-http".into())
-            .spawn(move || http::serve(listener, shared, dd, stop))?
+            .spawn(move || http::serve(listener, shared, dd, fleet, stop))?
     };
     info!(
         "stallscope running: sentinel on engines matching {:?}{}, serving on http://{}",
