@@ -12,34 +12,31 @@ use serde_json::Value;
 
 mod common;
 use common::daemon::{config_on, Daemon};
-use common::{free_port, http_request, require_root, start_engine, tmpdir, Proc};
+use common::{
+    expect_json, free_port, http_request, require_root, stallscope, start_engine, tmpdir, Proc,
+};
+use perfetto_writer::read;
 
 const TOKEN: &str = "s3cret-webhook-token";
 const GROUP: &str = "llama-70b-tp8";
 
-/// Alertmanager, routing every alert to the daemon's webhook with the token.
-fn start_alertmanager(dir: &Path, daemon_port: u16) -> (Proc, u16) {
+/// Alertmanager, routing every alert to each daemon's webhook (on `daemon_ports`) with the
+/// token.
+fn start_alertmanager(dir: &Path, daemon_ports: &[u16]) -> (Proc, u16) {
     let port = free_port();
     let config = dir.join("alertmanager.yml");
+    let webhooks: String = daemon_ports
+        .iter()
+        .map(|p| {
+            format!(
+                "      - url: http://127.0.0.1:{p}/api/v1/alertmanager\n        send_resolved: false\n        http_config:\n          authorization:\n            type: Bearer\n            credentials: {TOKEN}\n"
+            )
+        })
+        .collect();
     std::fs::write(
         &config,
         format!(
-            r#"route:
-  receiver: stallscope
-  group_by: [serving_group]
-  group_wait: 0s
-  group_interval: 1s
-  repeat_interval: 1h
-receivers:
-  - name: stallscope
-    webhook_configs:
-      - url: http://127.0.0.1:{daemon_port}/api/v1/alertmanager
-        send_resolved: false
-        http_config:
-          authorization:
-            type: Bearer
-            credentials: {TOKEN}
-"#
+            "route:\n  receiver: stallscope\n  group_by: [serving_group]\n  group_wait: 0s\n  group_interval: 1s\n  repeat_interval: 1h\nreceivers:\n  - name: stallscope\n    webhook_configs:\n{webhooks}"
         ),
     )
     .unwrap();
@@ -150,7 +147,7 @@ fn alertmanager_routes_a_group_alert_to_a_deep_dive_and_bad_calls_change_nothing
     );
 
     // The real Alertmanager delivers an alert for this group: a deep dive of the engine.
-    let (_am, am_port) = start_alertmanager(&dir, port);
+    let (_am, am_port) = start_alertmanager(&dir, &[port]);
     let alert = format!(
         r#"[{{"labels":{{"alertname":"StallscopeStall","serving_group":"{GROUP}","severity":"warning"}},"annotations":{{"summary":"iterations slower than the baseline"}},"startsAt":"{}"}}]"#,
         humantime::format_rfc3339_seconds(SystemTime::now())
@@ -181,5 +178,103 @@ fn alertmanager_routes_a_group_alert_to_a_deep_dive_and_bad_calls_change_nothing
     );
     drop(d);
     drop(engine);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A daemon on `engine` in `dir`, with the token and this group, its deep dives `lead` after
+/// a group alert starts.
+fn group_node(dir: &Path, engine: u32, lead: &str) -> Daemon {
+    std::fs::create_dir_all(dir).unwrap();
+    let port = free_port();
+    let cfg = config_on(dir, engine, &format!("127.0.0.1:{port}"), 100_000, TOKEN);
+    let text = std::fs::read_to_string(&cfg).unwrap()
+        + &format!("\n[fleet]\ngroup = \"{GROUP}\"\nlead = \"{lead}\"\n");
+    std::fs::write(&cfg, text).unwrap();
+    let d = Daemon::start_with(dir, port, cfg);
+    d.wait_for("attached engine", Duration::from_secs(30), |d| {
+        d.engine().is_some()
+    });
+    d
+}
+
+/// When the capture of deep dive `dive` began, ns since the epoch, by its trace's own clocks:
+/// the "deep dive" window's start (CLOCK_MONOTONIC) plus the trace's clock snapshot's
+/// REALTIME − MONOTONIC.
+fn capture_start_unix_ns(dive: &Value) -> i128 {
+    let trace = std::fs::read(dive["trace"].as_str().unwrap()).unwrap();
+    let decoded = read::decode(&trace).unwrap_or_else(|e| panic!("invalid trace:\n{e}"));
+    let clock = |id: u32| {
+        decoded
+            .clocks
+            .iter()
+            .find(|(c, _)| *c == id)
+            .map(|&(_, ns)| i128::from(ns))
+            .unwrap_or_else(|| panic!("no clock {id} in the snapshot: {:?}", decoded.clocks))
+    };
+    // Perfetto's builtin clock ids: REALTIME 1, MONOTONIC 3.
+    let offset = clock(1) - clock(3);
+    let window = decoded
+        .slices
+        .iter()
+        .find(|s| s.name == "deep dive")
+        .expect("the trace's deep-dive window");
+    i128::from(window.start) + offset
+}
+
+/// One deep dive of a serving group of two nodes (two daemons, each on its engine), asked for
+/// with `stallscope fleet deep-dive` through a real Alertmanager: both captures start at the
+/// group's instant, within 50 ms of each other by the traces' own clocks.
+#[test]
+fn a_group_deep_dive_starts_on_every_node_at_one_instant() {
+    require_root();
+    let engines = [start_engine(), start_engine()];
+    let dir = tmpdir("fleet-sync");
+    let nodes: Vec<Daemon> = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| group_node(&dir.join(format!("node{i}")), e.id(), "3s"))
+        .collect();
+    let ports: Vec<u16> = nodes.iter().map(|d| d.port).collect();
+    let (_am, am_port) = start_alertmanager(&dir, &ports);
+    let asked = expect_json(stallscope().args([
+        "fleet",
+        "deep-dive",
+        "--group",
+        GROUP,
+        "--alertmanager",
+        &format!("http://127.0.0.1:{am_port}"),
+    ]));
+    assert_eq!(asked["group"], GROUP, "{asked}");
+    let dives: Vec<Value> = nodes.iter().map(|d| d.deep_dive_done()).collect();
+    let instant = dives[0]["start_at_unix_ns"]
+        .as_u64()
+        .expect("a group instant");
+    let starts: Vec<i128> = dives.iter().map(capture_start_unix_ns).collect();
+    for (d, start) in dives.iter().zip(&starts) {
+        assert_eq!(
+            d["start_at_unix_ns"].as_u64(),
+            Some(instant),
+            "one instant for the group: {d}"
+        );
+        let after = (start - i128::from(instant)) as f64 / 1e6;
+        assert!(
+            (-1.0..1000.0).contains(&after),
+            "a capture began {after:.1} ms after the group's instant: {d}"
+        );
+    }
+    let apart_ms = (starts[0] - starts[1]).abs() as f64 / 1e6;
+    let late: Vec<String> = starts
+        .iter()
+        .map(|s| format!("{:.2}", (s - i128::from(instant)) as f64 / 1e6))
+        .collect();
+    eprintln!(
+        "group deep dive: captures began {apart_ms:.2} ms apart, {} ms after the group's instant",
+        late.join(" and ")
+    );
+    assert!(
+        apart_ms < 50.0,
+        "the nodes' captures began {apart_ms:.1} ms apart"
+    );
+    drop(nodes);
     let _ = std::fs::remove_dir_all(&dir);
 }

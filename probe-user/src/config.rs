@@ -50,6 +50,10 @@ pub struct FleetConfig {
     pub group_label: String,
     /// Most webhook calls taken per minute; more are refused with 429.
     pub max_calls_per_minute: usize,
+    /// A group's deep dive starts this long after its alert's `startsAt`, on every node at
+    /// the same wall-clock instant (longer than Alertmanager takes to deliver the call).
+    #[serde(with = "duration_text")]
+    pub lead: Duration,
 }
 
 impl Default for FleetConfig {
@@ -58,6 +62,7 @@ impl Default for FleetConfig {
             group: String::new(),
             group_label: "serving_group".into(),
             max_calls_per_minute: 60,
+            lead: Duration::from_secs(5),
         }
     }
 }

@@ -81,6 +81,9 @@ enum Command {
     /// Account every thread of a process over a window (on-CPU, run-queue wait, blocked
     /// time, context switches, top syscalls) and time its watched Python functions.
     Probe(cli::probe::ProbeArgs),
+    /// Act on a serving group's daemons together.
+    #[command(subcommand)]
+    Fleet(cli::fleet::FleetCommand),
     /// Capture a bounded window of everything (raw scheduler and syscall events, wider
     /// Python probes, py-spy stack samples, host telemetry) into one Perfetto trace, and rank
     /// root causes against a normal reference window (`--baseline`). The target keeps running.
@@ -177,6 +180,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Predict(args) => cli::model::predict(&args),
         Command::Gpu(args) => cli::gpu::run(&args),
         Command::Probe(args) => rt.block_on(cli::probe::run(&args, &paths)),
+        Command::Fleet(cmd) => cli::fleet::run(&cmd),
         Command::DeepDive(args) => rt.block_on(cli::deep_dive::run(&args, &paths)),
         Command::Dump { pid, json } => {
             let stacks = pyframe_tracer::sampling::Sampler::new(pid)?.sample()?;

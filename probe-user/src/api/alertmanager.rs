@@ -27,6 +27,17 @@ pub struct AmAlert {
     pub status: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// When it started firing (RFC 3339), the same for every node it is sent to.
+    #[serde(default)]
+    pub starts_at: String,
+}
+
+impl AmAlert {
+    /// Its start, ns since the epoch, if it parses.
+    pub fn starts_at_unix_ns(&self) -> Option<u64> {
+        let t = humantime::parse_rfc3339_weak(self.starts_at.trim_end_matches('Z')).ok()?;
+        Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos() as u64)
+    }
 }
 
 /// Why a call was refused as malformed.
@@ -96,6 +107,26 @@ mod tests {
                 want,
                 "{alerts:?} {group}"
             );
+        }
+    }
+
+    #[test]
+    fn start_instants_parse_to_the_nanosecond() {
+        let a = |t: &str| AmAlert {
+            status: "firing".into(),
+            labels: BTreeMap::new(),
+            starts_at: t.into(),
+        };
+        for (text, want) in [
+            ("2026-11-26T12:00:00Z", Some(1_795_694_400_000_000_000)),
+            (
+                "2026-11-26T12:00:00.123456789Z",
+                Some(1_795_694_400_123_456_789),
+            ),
+            ("", None),
+            ("yesterday", None),
+        ] {
+            assert_eq!(a(text).starts_at_unix_ns(), want, "{text}");
         }
     }
 

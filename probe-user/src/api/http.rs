@@ -285,13 +285,14 @@ async fn alertmanager_webhook(
         .labels
         .get("alertname")
         .map_or("alert", String::as_str);
-    let admitted = app
-        .shared
-        .deep_dive
-        .registry
-        .lock()
-        .expect("registry lock")
-        .admit(
+    // Every node of the group gets the same alert: its start plus the lead is their common
+    // instant. A call that arrives after it starts at once.
+    let start_at = first
+        .starts_at_unix_ns()
+        .map(|t| t + app.fleet.lead.as_nanos() as u64);
+    let admitted = {
+        let mut registry = app.shared.deep_dive.registry.lock().expect("registry lock");
+        let admitted = registry.admit(
             engine.pid,
             format!("alertmanager {alertname} ({label}={group})"),
             app.deep_dive.duration,
@@ -299,15 +300,34 @@ async fn alertmanager_webhook(
             app.deep_dive.max_per_hour,
             true,
         );
+        if let (Ok(id), Some(t)) = (&admitted, start_at) {
+            registry.start_at(*id, t);
+        }
+        admitted
+    };
     match admitted {
         Ok(id) => {
-            log::info!(
-                "Alertmanager: {alertname} for group {group}: deep dive {id} of engine {}",
-                engine.pid
-            );
+            let late_ms =
+                start_at.map(|t| (crate::os::clock::unix_ns() as i64 - t as i64) / 1_000_000);
+            match late_ms {
+                Some(late) if late > 0 => log::warn!(
+                    "Alertmanager: {alertname} for group {group}: deep dive {id} of engine {} starts now, {late} ms after the group's instant ([fleet] lead {:?} is shorter than the delivery took)",
+                    engine.pid,
+                    app.fleet.lead
+                ),
+                _ => log::info!(
+                    "Alertmanager: {alertname} for group {group}: deep dive {id} of engine {} at the group's instant {start_at:?} (ns since the epoch)",
+                    engine.pid
+                ),
+            }
             (
                 StatusCode::ACCEPTED,
-                Json(json!({ "deep_dive": id, "pid": engine.pid, "status": format!("/api/v1/deep-dives/{id}") })),
+                Json(json!({
+                    "deep_dive": id,
+                    "pid": engine.pid,
+                    "start_at_unix_ns": start_at,
+                    "status": format!("/api/v1/deep-dives/{id}"),
+                })),
             )
                 .into_response()
         }

@@ -3,6 +3,7 @@
 
 pub mod deep_dive;
 pub mod evaluate;
+pub mod fleet;
 pub mod gpu;
 pub mod inject;
 pub mod model;

@@ -67,6 +67,11 @@ pub struct Record {
     pub suspects: Vec<SuspectBrief>,
     /// Why it failed.
     pub error: Option<String>,
+    /// The wall-clock instant its capture was to start, ns since the epoch (a serving group's
+    /// nodes share it); None: at once.
+    pub start_at_unix_ns: Option<u64>,
+    /// When its capture started, ns since the epoch.
+    pub started_unix_ns: Option<u64>,
 }
 
 /// A deep dive the capture loop should start.
@@ -80,6 +85,8 @@ pub struct Request {
     pub duration: Duration,
     /// Normal window recorded first (zero: the rolling reference).
     pub baseline: Duration,
+    /// Not before this wall-clock instant, ns since the epoch.
+    pub start_at_unix_ns: Option<u64>,
 }
 
 /// Why a request was refused.
@@ -163,6 +170,8 @@ impl Registry {
             category: None,
             suspects: Vec::new(),
             error: None,
+            start_at_unix_ns: None,
+            started_unix_ns: None,
         });
         if self.records.len() > KEPT {
             self.records.pop_front();
@@ -173,15 +182,35 @@ impl Registry {
                 pid,
                 duration,
                 baseline,
+                start_at_unix_ns: None,
             });
         }
         Ok(id)
     }
 
-    /// The next queued request, now capturing.
-    pub fn next_request(&mut self) -> Option<Request> {
+    /// Makes queued request `id` wait for the wall-clock instant `unix_ns`.
+    pub fn start_at(&mut self, id: u64, unix_ns: u64) {
+        if let Some(r) = self.pending.iter_mut().find(|r| r.id == id) {
+            r.start_at_unix_ns = Some(unix_ns);
+        }
+        self.update(id, |rec| rec.start_at_unix_ns = Some(unix_ns));
+    }
+
+    /// The next queued request whose start is due at `now_unix_ns`, now capturing.
+    pub fn next_request(&mut self, now_unix_ns: u64) -> Option<Request> {
+        let due = self
+            .pending
+            .front()?
+            .start_at_unix_ns
+            .is_none_or(|t| now_unix_ns >= t);
+        if !due {
+            return None;
+        }
         let r = self.pending.pop_front()?;
-        self.update(r.id, |rec| rec.state = Phase::Capturing);
+        self.update(r.id, |rec| {
+            rec.state = Phase::Capturing;
+            rec.started_unix_ns = Some(now_unix_ns);
+        });
         Some(r)
     }
 
@@ -225,17 +254,17 @@ mod tests {
             r.admit(7, "alert 1".into(), S, S, 2, false),
             Err(Refusal::Busy(a))
         );
-        let req = r.next_request().unwrap();
+        let req = r.next_request(0).unwrap();
         assert_eq!((req.id, req.pid, req.baseline), (a, 7, S));
         assert_eq!(r.get(a).unwrap().state, Phase::Capturing);
-        assert!(r.next_request().is_none());
+        assert!(r.next_request(0).is_none());
         r.update(a, |x| x.state = Phase::Writing);
         let b = r
             .admit(7, "alert 1".into(), S, Duration::ZERO, 2, false)
             .unwrap();
         assert_eq!(r.get(b).unwrap().state, Phase::Capturing);
         assert!(
-            r.next_request().is_none(),
+            r.next_request(0).is_none(),
             "an alert's deep dive is not queued"
         );
         r.fail(b, "engine exited".into());
@@ -245,5 +274,24 @@ mod tests {
         );
         assert_eq!(r.records().len(), 2);
         assert_eq!(r.get(b).unwrap().error.as_deref(), Some("engine exited"));
+    }
+
+    /// A request given a start instant waits for it, then records when it began.
+    #[test]
+    fn a_scheduled_request_waits_for_its_instant() {
+        let mut r = Registry::default();
+        let a = r
+            .admit(7, "alertmanager".into(), S, Duration::ZERO, 6, true)
+            .unwrap();
+        r.start_at(a, 5_000);
+        assert!(r.next_request(4_999).is_none());
+        assert_eq!(r.get(a).unwrap().state, Phase::Queued);
+        let req = r.next_request(5_002).unwrap();
+        assert_eq!(req.start_at_unix_ns, Some(5_000));
+        let rec = r.get(a).unwrap();
+        assert_eq!(
+            (rec.state, rec.start_at_unix_ns, rec.started_unix_ns),
+            (Phase::Capturing, Some(5_000), Some(5_002))
+        );
     }
 }

@@ -25,6 +25,7 @@ use crate::{
         registry::Request,
     },
     kernel_plane::KernelPlane,
+    os::clock,
 };
 
 /// The engines the daemon serves, by pid.
@@ -126,6 +127,7 @@ impl<'a> Dives<'a> {
                         pid,
                         duration: dd.duration,
                         baseline: Duration::ZERO,
+                        start_at_unix_ns: None,
                     };
                     self.start(Purpose::DeepDive(req), pid, engines, plane, mark);
                 }
@@ -133,7 +135,12 @@ impl<'a> Dives<'a> {
             }
         }
         if self.job.is_none() {
-            let next = self.book.registry.lock().expect("registry").next_request();
+            let next = self
+                .book
+                .registry
+                .lock()
+                .expect("registry")
+                .next_request(clock::unix_ns());
             if let Some(req) = next {
                 let pid = req.pid;
                 self.start(Purpose::DeepDive(req), pid, engines, plane, mark);
