@@ -73,15 +73,12 @@ pub struct BadUrl(pub String);
 
 /// `http://HOST:PORT/PATH` split into host:port and path.
 pub fn split_http_url(url: &str) -> Result<(String, String), BadUrl> {
-    let Some(rest) = url.strip_prefix("http://") else {
+    let Some((authority, path)) = sys_util::http::split_url(url) else {
         return Err(BadUrl(format!(
             "kubelet URL {url:?} is not http://HOST:PORT/PATH: only a kubelet's plain-HTTP read-only pod list (port 10255) is read; set [pods] kubelet_url to it, or names = \"none\" for ids only"
         )));
     };
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/pods"),
-    };
+    let path = if path.is_empty() { "/pods" } else { path };
     if !authority.contains(':') || authority.ends_with(':') {
         return Err(BadUrl(format!(
             "kubelet URL {url:?} has no port: write it as http://HOST:10255/pods"

@@ -114,11 +114,7 @@ impl OtlpConfig {
                 self.endpoint
             );
         }
-        let authority = self
-            .endpoint
-            .strip_prefix("http://")
-            .map(|rest| rest.split('/').next().unwrap_or_default());
-        if authority.is_none_or(str::is_empty) {
+        if sys_util::http::split_url(&self.endpoint).is_none() {
             bail!(
                 "otlp.endpoint {:?} is not a collector's base URL: write it as http://HOST:4318 (or \"\" for no export)",
                 self.endpoint

@@ -8,6 +8,14 @@ use std::{
     time::Duration,
 };
 
+/// `http://AUTHORITY[/PATH]` split into its authority and its path (`""` when it has none);
+/// None for another scheme or an empty authority. Each caller checks what it needs beyond.
+pub fn split_url(url: &str) -> Option<(&str, &str)> {
+    let rest = url.strip_prefix("http://")?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    (!authority.is_empty()).then_some((authority, path))
+}
+
 /// An answer: the status code and the body.
 #[derive(Debug, Clone)]
 pub struct Response {
@@ -119,6 +127,21 @@ mod tests {
         let req = server.join().unwrap();
         assert!(req.starts_with("POST /x HTTP/1.0\r\n"), "{req}");
         assert!(req.ends_with("Content-Length: 2\r\n\r\n{}"), "{req}");
+    }
+
+    #[test]
+    fn urls_split_into_authority_and_path() {
+        for (url, want) in [
+            ("http://h:10255/pods", Some(("h:10255", "/pods"))),
+            ("http://h:4318", Some(("h:4318", ""))),
+            ("http://h:9093/", Some(("h:9093", "/"))),
+            ("http://", None),
+            ("http:///x", None),
+            ("https://h:4318", None),
+            ("h:4318", None),
+        ] {
+            assert_eq!(split_url(url), want, "{url}");
+        }
     }
 
     #[test]

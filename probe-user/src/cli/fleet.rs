@@ -41,12 +41,7 @@ pub fn run(cmd: &FleetCommand) -> Result<()> {
 }
 
 fn deep_dive(a: &DeepDiveArgs) -> Result<()> {
-    let Some(authority) = a
-        .alertmanager
-        .strip_prefix("http://")
-        .map(|r| r.trim_end_matches('/'))
-        .filter(|r| !r.is_empty() && !r.contains('/'))
-    else {
+    let Some((authority, "" | "/")) = sys_util::http::split_url(&a.alertmanager) else {
         bail!(
             "--alertmanager {:?} is not Alertmanager's base URL: write it as http://HOST:9093",
             a.alertmanager

@@ -229,27 +229,31 @@ impl KernelPlane {
         for tgid in kernel_ids {
             let _ = self.watched.remove(&tgid);
         }
-        let tids: Vec<u32> = self
-            .threads
-            .iter()
-            .filter_map(|r| r.ok())
-            .filter(|(_, s)| s.view_tgid == pid)
-            .map(|(_, s)| s.view_tid)
-            .collect();
-        self.forget_threads(&tids);
+        // Threads whose id is not learned yet (view_tid 0) go too.
+        let tids = self.kernel_tids(|s| s.view_tgid == pid);
+        self.forget_kernel_tids(&tids);
         Ok(())
     }
 
     /// Removes the accumulators of these threads (e.g. exited ones already reported).
     pub fn forget_threads(&mut self, tids: &[u32]) {
-        let tids: Vec<u32> = self
-            .threads
+        let tids = self.kernel_tids(|s| s.view_tid != 0 && tids.contains(&s.view_tid));
+        self.forget_kernel_tids(&tids);
+    }
+
+    /// The kernel's ids of the threads `which` picks.
+    fn kernel_tids(&self, which: impl Fn(&ThreadStats) -> bool) -> Vec<u32> {
+        self.threads
             .iter()
             .filter_map(|r| r.ok())
-            .filter(|(_, s)| tids.contains(&s.view_tid))
+            .filter(|(_, s)| which(s))
             .map(|(kernel_tid, _)| kernel_tid)
-            .collect();
-        for tid in &tids {
+            .collect()
+    }
+
+    /// Removes the accumulators of threads by their kernel ids.
+    fn forget_kernel_tids(&mut self, tids: &[u32]) {
+        for tid in tids {
             let _ = self.threads.remove(tid);
         }
         let keys: Vec<SyscallKey> = self
@@ -266,9 +270,12 @@ impl KernelPlane {
     /// Switches the raw event stream on or off.
     pub fn set_deep_dive(&mut self, on: bool) -> Result<()> {
         self.config.deep_dive = u32::from(on);
-        self.config_map
-            .set(0, self.config, 0)
-            .context("switching deep-dive mode")?;
+        self.write_config("switching deep-dive mode")
+    }
+
+    /// Writes `self.config` to the probes; `what` names the change in an error.
+    fn write_config(&mut self, what: &'static str) -> Result<()> {
+        self.config_map.set(0, self.config, 0).context(what)?;
         Ok(())
     }
 
@@ -280,10 +287,7 @@ impl KernelPlane {
             return Ok(());
         }
         self.config.learn = u32::from(on);
-        self.config_map
-            .set(0, self.config, 0)
-            .context("switching the kernel plane's id learning")?;
-        Ok(())
+        self.write_config("switching the kernel plane's id learning")
     }
 
     /// Stops learning once every process watched by the daemon's id has its kernel id.

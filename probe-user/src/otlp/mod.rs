@@ -3,8 +3,9 @@
 //! and each finished deep dive as a span.
 //!
 //! Nothing here runs on the daemon's loop but a non-blocking hand-over: records and spans go
-//! through bounded queues to one export thread ([`worker`]); the metrics are read and sent by
-//! the SDK's periodic reader on its own thread. The resource names the daemon's host, node and
+//! through bounded queues to one export thread ([`worker`]), which also gives new metric
+//! families their instruments; the metrics are read and sent by the SDK's periodic reader on
+//! its own thread. The resource names the daemon's host, node and
 //! (from the downward API's `POD_NAME`/`POD_NAMESPACE`, when set) its own pod; each record and
 //! span names its engine (process, pod, container) in its attributes, as a daemon watches
 //! several engines under one resource.
@@ -61,7 +62,6 @@ pub struct Otlp {
     logger_provider: SdkLoggerProvider,
     tracer_provider: SdkTracerProvider,
     meter_provider: SdkMeterProvider,
-    bridge: Mutex<metrics_bridge::Bridge>,
     worker: Mutex<Option<Worker<()>>>,
     /// Deep dives already exported, by id.
     dives_sent: Mutex<BTreeSet<u64>>,
@@ -140,6 +140,8 @@ impl Otlp {
             span_rx,
             span_counters,
             batch: cfg.batch,
+            bridge,
+            metrics_interval: cfg.metrics_interval,
         };
         let worker = Worker::spawn("stallscope-otlp", move |stop| worker::run(exports, stop))
             .context("starting the OTLP export thread")?;
@@ -149,23 +151,15 @@ impl Otlp {
             logger_provider,
             tracer_provider,
             meter_provider,
-            bridge: Mutex::new(bridge),
             worker: Mutex::new(Some(worker)),
             dives_sent: Mutex::new(BTreeSet::new()),
         };
-        otlp.refresh_metrics();
         log::info!(
             "OTLP export to {} (metrics every {:?}, alerts as log records, deep dives as spans)",
             cfg.endpoint,
             cfg.metrics_interval
         );
         Ok(otlp)
-    }
-
-    /// Gives metric families that gained their first series an instrument (call it now and
-    /// then; cheap when nothing is new).
-    pub fn refresh_metrics(&self) {
-        self.bridge.lock().expect("otlp bridge lock").refresh();
     }
 
     /// Exports each finished deep dive of `records` once, as a span; `identity` names its

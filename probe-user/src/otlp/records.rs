@@ -164,8 +164,8 @@ pub fn deep_dive_span(tracer: &SdkTracer, r: &Record, id: Option<&Identity>) {
         .with_start_time(start)
         .with_attributes(attrs)
         .start(tracer);
-    span.set_status(match (r.state, &r.error) {
-        (Phase::Failed, e) => Status::error(e.clone().unwrap_or_default()),
+    span.set_status(match r.state {
+        Phase::Failed => Status::error(r.error.clone().unwrap_or_default()),
         _ => Status::Ok,
     });
     span.end_with_timestamp(end);

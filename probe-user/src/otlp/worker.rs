@@ -15,11 +15,14 @@ use std::{
 
 use log::{info, warn};
 use opentelemetry::InstrumentationScope;
+use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::{
     logs::{LogBatch, LogExporter as _, SdkLogRecord},
     trace::{SpanData, SpanExporter as _},
 };
 use prometheus::IntCounter;
+
+use super::metrics_bridge::Bridge;
 
 /// The counters of one signal.
 #[derive(Clone)]
@@ -38,6 +41,9 @@ pub struct Exports {
     pub span_rx: Receiver<SpanData>,
     pub span_counters: Counters,
     pub batch: usize,
+    /// Gives metric families instruments, every `metrics_interval`.
+    pub bridge: Bridge,
+    pub metrics_interval: Duration,
 }
 
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
@@ -51,7 +57,12 @@ pub fn run(mut x: Exports, stop: &AtomicBool) {
     let mut logs: Vec<(SdkLogRecord, InstrumentationScope)> = Vec::new();
     let mut spans: Vec<SpanData> = Vec::new();
     let mut backoff: Option<(Instant, Duration)> = None;
+    let mut refreshed: Option<Instant> = None;
     loop {
+        if refreshed.is_none_or(|t| t.elapsed() >= x.metrics_interval) {
+            x.bridge.refresh();
+            refreshed = Some(Instant::now());
+        }
         let stopping = stop.load(Ordering::Acquire);
         fill(&x.log_rx, &mut logs, x.batch);
         fill(&x.span_rx, &mut spans, x.batch);
@@ -108,6 +119,25 @@ fn fill<T>(rx: &Receiver<T>, held: &mut Vec<T>, batch: usize) {
     }
 }
 
+impl Counters {
+    /// Counts the export of `held` (`what` names its items in the log) and empties it if it
+    /// went; whether it went.
+    fn account<T>(&self, result: OTelSdkResult, held: &mut Vec<T>, what: &str) -> bool {
+        match result {
+            Ok(()) => {
+                self.exported.inc_by(held.len() as u64);
+                held.clear();
+                true
+            }
+            Err(e) => {
+                self.failures.inc();
+                log::debug!("OTLP: exporting {} {what}: {e}", held.len());
+                false
+            }
+        }
+    }
+}
+
 /// Sends the held log records; whether they went (or there were none).
 fn send_logs(x: &mut Exports, held: &mut Vec<(SdkLogRecord, InstrumentationScope)>) -> bool {
     if held.is_empty() {
@@ -115,18 +145,8 @@ fn send_logs(x: &mut Exports, held: &mut Vec<(SdkLogRecord, InstrumentationScope
     }
     let refs: Vec<(&SdkLogRecord, &InstrumentationScope)> =
         held.iter().map(|(r, s)| (r, s)).collect();
-    match futures_executor::block_on(x.logs.export(LogBatch::new(&refs))) {
-        Ok(()) => {
-            x.log_counters.exported.inc_by(held.len() as u64);
-            held.clear();
-            true
-        }
-        Err(e) => {
-            x.log_counters.failures.inc();
-            log::debug!("OTLP: exporting {} log records: {e}", held.len());
-            false
-        }
-    }
+    let result = futures_executor::block_on(x.logs.export(LogBatch::new(&refs)));
+    x.log_counters.account(result, held, "log records")
 }
 
 /// Sends the held spans; whether they went (or there were none).
@@ -134,16 +154,6 @@ fn send_spans(x: &mut Exports, held: &mut Vec<SpanData>) -> bool {
     if held.is_empty() {
         return true;
     }
-    match futures_executor::block_on(x.spans.export(held.clone())) {
-        Ok(()) => {
-            x.span_counters.exported.inc_by(held.len() as u64);
-            held.clear();
-            true
-        }
-        Err(e) => {
-            x.span_counters.failures.inc();
-            log::debug!("OTLP: exporting {} spans: {e}", held.len());
-            false
-        }
-    }
+    let result = futures_executor::block_on(x.spans.export(held.clone()));
+    x.span_counters.account(result, held, "spans")
 }

@@ -138,16 +138,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
                 let _ = out.flush();
             }
             if let Some(o) = &otlp {
-                o.refresh_metrics();
-                let records = shared
-                    .deep_dive
-                    .registry
-                    .lock()
-                    .expect("registry lock")
-                    .records();
-                o.deep_dives(&records, |pid| {
-                    daemon.identities.get(pid).map(|p| p.identity.clone())
-                });
+                daemon.export_deep_dives(o);
             }
         }
         daemon.mark.enter(Phase::Idle);
@@ -163,15 +154,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         out.flush()?;
     }
     if let Some(o) = otlp {
-        let records = shared
-            .deep_dive
-            .registry
-            .lock()
-            .expect("registry lock")
-            .records();
-        o.deep_dives(&records, |pid| {
-            daemon.identities.get(pid).map(|p| p.identity.clone())
-        });
+        daemon.export_deep_dives(&o);
         o.shutdown();
     }
     drop(plane);
@@ -212,6 +195,20 @@ impl Daemon<'_> {
     fn take_attached(&mut self) {
         let attached = self.attacher.finished(&self.shared.engines);
         self.engines.extend(attached);
+    }
+
+    /// Exports the deep dives that finished since the last call, each named by its engine.
+    fn export_deep_dives(&mut self, otlp: &Otlp) {
+        let records = self
+            .shared
+            .deep_dive
+            .registry
+            .lock()
+            .expect("registry lock")
+            .records();
+        otlp.deep_dives(&records, |pid| {
+            self.identities.get(pid).map(|p| p.identity.clone())
+        });
     }
 
     /// Detaches an engine and removes its status and series.
