@@ -4,7 +4,6 @@
 
 use std::{
     path::Path,
-    process::Command,
     time::{Duration, SystemTime},
 };
 
@@ -12,53 +11,14 @@ use serde_json::Value;
 
 mod common;
 use common::daemon::{config_on, Daemon};
+use common::servers::start_alertmanager;
 use common::{
-    expect_json, free_port, http_request, require_root, stallscope, start_engine, tmpdir, Proc,
+    capture_start_unix_ns, expect_json, free_port, http_request, require_root, stallscope,
+    start_engine, tmpdir,
 };
-use perfetto_writer::read;
 
 const TOKEN: &str = "s3cret-webhook-token";
 const GROUP: &str = "llama-70b-tp8";
-
-/// Alertmanager, routing every alert to each daemon's webhook (on `daemon_ports`) with the
-/// token.
-fn start_alertmanager(dir: &Path, daemon_ports: &[u16]) -> (Proc, u16) {
-    let port = free_port();
-    let config = dir.join("alertmanager.yml");
-    let webhooks: String = daemon_ports
-        .iter()
-        .map(|p| {
-            format!(
-                "      - url: http://127.0.0.1:{p}/api/v1/alertmanager\n        send_resolved: false\n        http_config:\n          authorization:\n            type: Bearer\n            credentials: {TOKEN}\n"
-            )
-        })
-        .collect();
-    std::fs::write(
-        &config,
-        format!(
-            "route:\n  receiver: stallscope\n  group_by: [serving_group]\n  group_wait: 0s\n  group_interval: 1s\n  repeat_interval: 1h\nreceivers:\n  - name: stallscope\n    webhook_configs:\n{webhooks}"
-        ),
-    )
-    .unwrap();
-    let mut c = Command::new("prometheus-alertmanager");
-    c.arg(format!("--config.file={}", config.display()))
-        .arg(format!("--storage.path={}", dir.join("am-data").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .arg("--cluster.listen-address=")
-        .stderr(std::fs::File::create(dir.join("alertmanager.log")).unwrap());
-    let am = Proc::spawn(&mut c);
-    let t = std::time::Instant::now();
-    while sys_util::http::get(port, "/-/ready", Duration::from_secs(1))
-        .map_or(true, |r| r.status != 200)
-    {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "Alertmanager did not become ready"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    (am, port)
-}
 
 /// The webhook answer to `body` with `auth` (a full header line, or "").
 fn call(port: u16, auth: &str, body: &str) -> (u16, Value) {
@@ -147,7 +107,7 @@ fn alertmanager_routes_a_group_alert_to_a_deep_dive_and_bad_calls_change_nothing
     );
 
     // The real Alertmanager delivers an alert for this group: a deep dive of the engine.
-    let (_am, am_port) = start_alertmanager(&dir, &[port]);
+    let (_am, am_port) = start_alertmanager(&dir, &[d.addr()], TOKEN);
     let alert = format!(
         r#"[{{"labels":{{"alertname":"StallscopeStall","serving_group":"{GROUP}","severity":"warning"}},"annotations":{{"summary":"iterations slower than the baseline"}},"startsAt":"{}"}}]"#,
         humantime::format_rfc3339_seconds(SystemTime::now())
@@ -197,30 +157,6 @@ fn group_node(dir: &Path, engine: u32, lead: &str) -> Daemon {
     d
 }
 
-/// When the capture of deep dive `dive` began, ns since the epoch, by its trace's own clocks:
-/// the "deep dive" window's start (CLOCK_MONOTONIC) plus the trace's clock snapshot's
-/// REALTIME − MONOTONIC.
-fn capture_start_unix_ns(dive: &Value) -> i128 {
-    let trace = std::fs::read(dive["trace"].as_str().unwrap()).unwrap();
-    let decoded = read::decode(&trace).unwrap_or_else(|e| panic!("invalid trace:\n{e}"));
-    let clock = |id: u32| {
-        decoded
-            .clocks
-            .iter()
-            .find(|(c, _)| *c == id)
-            .map(|&(_, ns)| i128::from(ns))
-            .unwrap_or_else(|| panic!("no clock {id} in the snapshot: {:?}", decoded.clocks))
-    };
-    // Perfetto's builtin clock ids: REALTIME 1, MONOTONIC 3.
-    let offset = clock(1) - clock(3);
-    let window = decoded
-        .slices
-        .iter()
-        .find(|s| s.name == "deep dive")
-        .expect("the trace's deep-dive window");
-    i128::from(window.start) + offset
-}
-
 /// One deep dive of a serving group of two nodes (two daemons, each on its engine), asked for
 /// with `stallscope fleet deep-dive` through a real Alertmanager: both captures start at the
 /// group's instant, within 50 ms of each other by the traces' own clocks.
@@ -234,8 +170,8 @@ fn a_group_deep_dive_starts_on_every_node_at_one_instant() {
         .enumerate()
         .map(|(i, e)| group_node(&dir.join(format!("node{i}")), e.id(), "3s"))
         .collect();
-    let ports: Vec<u16> = nodes.iter().map(|d| d.port).collect();
-    let (_am, am_port) = start_alertmanager(&dir, &ports);
+    let addrs: Vec<_> = nodes.iter().map(Daemon::addr).collect();
+    let (_am, am_port) = start_alertmanager(&dir, &addrs, TOKEN);
     let asked = expect_json(stallscope().args([
         "fleet",
         "deep-dive",

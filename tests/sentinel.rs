@@ -15,6 +15,7 @@ use serde_json::Value;
 
 mod common;
 use common::daemon::{config, config_on, metric, Daemon};
+use common::servers::start_prometheus;
 use common::{
     expect_failure, expect_success, free_port, http_get, http_request, python, python_check,
     require_root, stallscope, start_engine, start_hog, start_timed_engine, tmpdir, toy_slowdown,
@@ -260,29 +261,7 @@ fn metrics_pass_promtool_and_a_real_prometheus_scrapes_them() {
     assert!(check.0.success(), "promtool: {}\n{text}", check.1);
     check.1.clear();
     // A Prometheus server scraping the daemon every second.
-    let prom_port = free_port();
-    std::fs::write(
-        dir.join("prometheus.yml"),
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: stallscope\n    static_configs:\n      - targets: ['127.0.0.1:{}']\n",
-            d.port
-        ),
-    )
-    .unwrap();
-    let _prom = Proc::spawn(
-        Command::new("prometheus")
-            .arg(format!(
-                "--config.file={}",
-                dir.join("prometheus.yml").display()
-            ))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("prometheus.log")).unwrap()),
-    );
+    let (_prom, prom_port) = start_prometheus(&dir, &[d.addr()], None, None);
     let t = Instant::now();
     loop {
         let r = TcpStream::connect(("127.0.0.1", prom_port))

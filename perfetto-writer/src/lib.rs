@@ -15,6 +15,7 @@ use std::{collections::HashMap, io::Write};
 
 use prost::Message;
 
+pub mod merge;
 pub mod read;
 
 /// Generated protobuf types (`perfetto.protos`).

@@ -35,6 +35,9 @@ pub struct Config {
     /// This node's serving group, for alerts routed to it by Alertmanager.
     #[serde(default)]
     pub fleet: FleetConfig,
+    /// The shared store deep dives are uploaded to.
+    #[serde(default)]
+    pub store: StoreConfig,
 }
 
 /// This node's place in a serving group: an Alertmanager alert whose `group_label` names
@@ -46,6 +49,9 @@ pub struct FleetConfig {
     /// the `STALLSCOPE_GROUP` environment variable, when set, overrides it (a chart sets it
     /// from a pod label through the downward API).
     pub group: String,
+    /// This node's name in the group's index and merged trace ("" = the host name); the
+    /// `STALLSCOPE_NODE` environment variable, when set, overrides it.
+    pub node: String,
     /// The alert label that names a serving group.
     pub group_label: String,
     /// Most webhook calls taken per minute; more are refused with 429.
@@ -60,10 +66,90 @@ impl Default for FleetConfig {
     fn default() -> Self {
         Self {
             group: String::new(),
+            node: String::new(),
             group_label: "serving_group".into(),
             max_calls_per_minute: 60,
             lead: Duration::from_secs(5),
         }
+    }
+}
+
+impl FleetConfig {
+    /// This node's name: `node`, else the host name.
+    pub fn node_name(&self) -> String {
+        if !self.node.is_empty() {
+            return self.node.clone();
+        }
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "node".into())
+    }
+}
+
+/// The shared store, reached through the S3 API: every finished deep dive's trace and report
+/// are uploaded there, and a serving group's deep dive gets one index.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// The S3 endpoint's base URL (`https://s3.us-east-1.amazonaws.com`, `http://minio:9000`);
+    /// empty: no upload.
+    pub endpoint: String,
+    /// The bucket (it must exist).
+    pub bucket: String,
+    /// The bucket's region (signed into each request).
+    pub region: String,
+    /// Keys start with this prefix.
+    pub prefix: String,
+    /// Address the bucket as `BUCKET.HOST` (AWS) instead of `HOST/BUCKET` (most other S3
+    /// servers).
+    pub virtual_hosted: bool,
+    /// Credentials; empty: `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`.
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    /// Bound of one request.
+    #[serde(with = "duration_text")]
+    pub timeout: Duration,
+    /// Deep dives waiting for upload while the store is slow or down; past it the oldest
+    /// waiting one is dropped and counted (`stallscope_store_dropped_total`).
+    pub queue: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: String::new(),
+            bucket: String::new(),
+            region: "us-east-1".into(),
+            prefix: "stallscope".into(),
+            virtual_hosted: false,
+            access_key_id: String::new(),
+            secret_access_key: String::new(),
+            timeout: Duration::from_secs(30),
+            queue: 16,
+        }
+    }
+}
+
+impl StoreConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.endpoint.is_empty() {
+            return Ok(());
+        }
+        if !(self.endpoint.starts_with("http://") || self.endpoint.starts_with("https://"))
+            || url::Url::parse(&self.endpoint).is_err()
+        {
+            bail!(
+                "store.endpoint {:?} is not an S3 endpoint's base URL: write it as http(s)://HOST[:PORT] (or \"\" for no upload)",
+                self.endpoint
+            );
+        }
+        if self.bucket.is_empty() || self.region.is_empty() {
+            bail!("store.bucket and store.region must be set when store.endpoint is (such as bucket = \"stallscope\", region = \"us-east-1\")");
+        }
+        if self.timeout.is_zero() || self.queue == 0 {
+            bail!("store.timeout must be above zero (such as \"30s\") and store.queue at least 1");
+        }
+        Ok(())
     }
 }
 
@@ -481,6 +567,7 @@ impl Config {
         s.watch_specs()?;
         self.deep_dive.validate()?;
         self.otlp.validate()?;
+        self.store.validate()?;
         if self.fleet.group_label.is_empty() || self.fleet.max_calls_per_minute == 0 {
             bail!("fleet.group_label must name an alert label (such as \"serving_group\") and fleet.max_calls_per_minute be at least 1");
         }
@@ -499,8 +586,9 @@ impl Config {
     /// it changes (a table's keys replace the default's one by one; any other value, arrays
     /// included, replaces it whole). Then the environment's overrides:
     /// `STALLSCOPE_DEEP_DIVE_TOKEN` for `[deep_dive] token`, `STALLSCOPE_KUBELET_URL` for
-    /// `[pods] kubelet_url` and `STALLSCOPE_GROUP` for `[fleet] group` (a DaemonSet sets them
-    /// from a Secret, the node's IP and a pod label).
+    /// `[pods] kubelet_url`, `STALLSCOPE_GROUP` for `[fleet] group` and `STALLSCOPE_NODE` for
+    /// `[fleet] node` (a DaemonSet sets them from a Secret, the node's IP, a pod label and the
+    /// node's name).
     pub fn load(path: Option<&std::path::Path>) -> Result<Self> {
         let mut cfg = match path {
             None => Self::parse(DEFAULT_CONFIG, "the embedded default configuration")?,
@@ -515,6 +603,9 @@ impl Config {
         }
         if let Ok(group) = std::env::var("STALLSCOPE_GROUP") {
             cfg.fleet.group = group;
+        }
+        if let Ok(node) = std::env::var("STALLSCOPE_NODE") {
+            cfg.fleet.node = node;
         }
         Ok(cfg)
     }
@@ -623,5 +714,33 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ok.otlp.headers["authorization"], "Bearer t");
+    }
+
+    /// Each bad `[store]` setting is refused with an error naming its key.
+    #[test]
+    fn bad_store_settings_name_their_key() {
+        for (over, key) in [
+            ("endpoint = \"s3.local:9000\"", "store.endpoint"),
+            ("endpoint = \"ftp://s3.local\"", "store.endpoint"),
+            ("endpoint = \"http://s3:9000\"", "store.bucket"),
+            (
+                "endpoint = \"http://s3:9000\"\nbucket = \"b\"\nregion = \"\"",
+                "store.region",
+            ),
+            (
+                "endpoint = \"http://s3:9000\"\nbucket = \"b\"\nqueue = 0",
+                "store.queue",
+            ),
+            ("bucket = \"b\"\nsecret = \"s\"", "unknown field"),
+        ] {
+            let e = Config::parse_over_default(&format!("[store]\n{over}\n"), "x").unwrap_err();
+            assert!(format!("{e:#}").contains(key), "{over}: {e:#}");
+        }
+        let ok = Config::parse_over_default(
+            "[store]\nendpoint = \"https://s3.eu-west-1.amazonaws.com\"\nbucket = \"b\"\nregion = \"eu-west-1\"\n",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(ok.store.prefix, "stallscope");
     }
 }

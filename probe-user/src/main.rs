@@ -6,6 +6,7 @@ mod api;
 mod cli;
 mod config;
 mod deep_dive;
+mod fleet;
 mod gpu_plane;
 mod kernel_plane;
 mod os;

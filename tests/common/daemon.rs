@@ -2,7 +2,7 @@
 //! any generic one), its log in the test's directory, its HTTP API at hand.
 
 use std::{
-    net::TcpStream,
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus},
     time::{Duration, Instant},
@@ -10,12 +10,14 @@ use std::{
 
 use serde_json::Value;
 
-use super::{free_port, http_get, stallscope};
+use super::{free_port, stallscope};
 
 /// The daemon, configured for a generic engine, with its log in `dir/daemon.log`.
 pub struct Daemon {
     child: Option<Child>,
     pub port: u16,
+    /// Where its HTTP API listens (loopback, or its network namespace's address).
+    pub host: IpAddr,
     dir: PathBuf,
 }
 
@@ -94,6 +96,16 @@ impl Daemon {
     /// The daemon run by the programs of `prefix` (e.g. to enter namespaces), each of which
     /// runs the next or execs it, the daemon last.
     pub fn start_in(dir: &Path, port: u16, cfg: PathBuf, prefix: &[String]) -> Daemon {
+        Daemon::start_at(dir, (Ipv4Addr::LOCALHOST.into(), port), cfg, prefix)
+    }
+
+    /// As [`Daemon::start_in`], its HTTP API at `host:port`.
+    pub fn start_at(
+        dir: &Path,
+        (host, port): (IpAddr, u16),
+        cfg: PathBuf,
+        prefix: &[String],
+    ) -> Daemon {
         let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
         let daemon = stallscope();
         let mut command = match prefix {
@@ -119,10 +131,11 @@ impl Daemon {
         let d = Daemon {
             child: Some(child),
             port,
+            host,
             dir: dir.to_path_buf(),
         };
         d.wait_for("the HTTP API", Duration::from_secs(30), |d| {
-            TcpStream::connect(("127.0.0.1", d.port)).is_ok()
+            TcpStream::connect((d.host, d.port)).is_ok()
         });
         d
     }
@@ -184,12 +197,26 @@ impl Daemon {
         std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
     }
 
+    /// Where its HTTP API listens.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::new(self.host, self.port)
+    }
+
+    /// GET `path` from its API; the body (panics on a non-200).
+    pub fn get(&self, path: &str) -> String {
+        let r =
+            sys_util::http::request_to(self.addr(), "GET", path, "", "", Duration::from_secs(60))
+                .unwrap_or_else(|e| panic!("GET {path}: no answer within 60 s: {e}"));
+        assert_eq!(r.status, 200, "GET {path}: {}", r.body);
+        r.body
+    }
+
     pub fn status(&self) -> Value {
-        serde_json::from_str(&http_get(self.port, "/api/v1/status")).unwrap()
+        serde_json::from_str(&self.get("/api/v1/status")).unwrap()
     }
 
     pub fn deep_dives(&self) -> Vec<Value> {
-        serde_json::from_str::<Value>(&http_get(self.port, "/api/v1/deep-dives"))
+        serde_json::from_str::<Value>(&self.get("/api/v1/deep-dives"))
             .unwrap()
             .as_array()
             .unwrap()

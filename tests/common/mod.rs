@@ -14,7 +14,9 @@ use sys_util::process::Group;
 
 pub mod daemon;
 pub mod kubelet;
+pub mod netns;
 pub mod otlp_receiver;
+pub mod servers;
 
 /// The stallscope binary (`cargo xtask test` builds it and sets STALLSCOPE_BIN).
 pub fn stallscope() -> Command {
@@ -181,6 +183,31 @@ pub fn python_check(trace: &std::path::Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// When the capture of deep dive `dive` began, ns since the epoch, by its trace's own clocks:
+/// the "deep dive" window's start (CLOCK_MONOTONIC) plus the trace's clock snapshot's
+/// REALTIME − MONOTONIC.
+pub fn capture_start_unix_ns(dive: &serde_json::Value) -> i128 {
+    let trace = std::fs::read(dive["trace"].as_str().unwrap()).unwrap();
+    let decoded =
+        perfetto_writer::read::decode(&trace).unwrap_or_else(|e| panic!("invalid trace:\n{e}"));
+    let clock = |id: u32| {
+        decoded
+            .clocks
+            .iter()
+            .find(|(c, _)| *c == id)
+            .map(|&(_, ns)| i128::from(ns))
+            .unwrap_or_else(|| panic!("no clock {id} in the snapshot: {:?}", decoded.clocks))
+    };
+    // Perfetto's builtin clock ids: REALTIME 1, MONOTONIC 3.
+    let offset = clock(1) - clock(3);
+    let window = decoded
+        .slices
+        .iter()
+        .find(|s| s.name == "deep dive")
+        .expect("the trace's deep-dive window");
+    i128::from(window.start) + offset
+}
+
 /// Runs `cmd`, asserts it succeeded (showing its stderr if not), returns its stdout.
 pub fn expect_success(cmd: &mut Command) -> Vec<u8> {
     let out = cmd.output().unwrap();
@@ -259,6 +286,18 @@ pub const TOY_HOG: Hog = Hog {
 /// The toy engine, pinned to CPU 0.
 pub fn start_engine() -> Proc {
     start_toy(None)
+}
+
+/// The toy engine, pinned to `cpus`, run by the programs of `prefix` (e.g. to enter a
+/// network namespace), each of which execs the next.
+pub fn start_engine_in(prefix: &[String], cpus: &str) -> Proc {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_engine.py");
+    let mut cmd = Command::new(&prefix[0]);
+    cmd.args(&prefix[1..])
+        .args(["taskset", "-c", cpus])
+        .arg(python("3.12"))
+        .arg(script);
+    Proc::spawn_ready(&mut cmd, "ready ").0
 }
 
 /// The toy engine, pinned to CPU 0, timing its own steps into `times` (see

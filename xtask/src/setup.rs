@@ -39,6 +39,7 @@ pub fn run() -> Result<()> {
     python_targets()?;
     tool_venv("perfetto-venv", &PERFETTO)?;
     tool_venv("deploy-venv", &DEPLOY)?;
+    tool_venv("s3-venv", &S3)?;
     crate::cargo(&[
         "build",
         "--release",
@@ -267,6 +268,9 @@ const PERFETTO: [&str; 2] = ["perfetto==0.59.1", "protobuf==7.36.2"];
 /// What deploy/check.py renders and validates the Helm chart with: Helm v4's own template
 /// engine (helm-python-sdk wraps its library) and the Kubernetes schemas 1.25-1.37.
 const DEPLOY: [&str; 2] = ["helm-python-sdk==0.2.2", "kubernetes-validate==1.37.0"];
+
+/// A real S3 server for the fleet test's shared store: moto in server mode.
+const S3: [&str; 1] = ["moto[server]==5.2.5"];
 
 /// A venv of `packages` at `<cache>/<name>`, rebuilt only when its recipe changes.
 fn tool_venv(name: &str, packages: &[&str]) -> Result<()> {

@@ -300,8 +300,8 @@ async fn alertmanager_webhook(
             app.deep_dive.max_per_hour,
             true,
         );
-        if let (Ok(id), Some(t)) = (&admitted, start_at) {
-            registry.start_at(*id, t);
+        if let Ok(id) = &admitted {
+            registry.for_group(*id, group, start_at);
         }
         admitted
     };

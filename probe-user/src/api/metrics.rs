@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use pod_identity::Identity;
 use prometheus::{
-    exponential_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec,
+    exponential_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -104,6 +104,16 @@ pub struct Metrics {
     pub otlp_dropped: IntCounterVec,
     /// Failed OTLP export requests (`signal`: `logs`, `spans`, `metrics`).
     pub otlp_failures: IntCounterVec,
+    /// Deep dives uploaded to the store.
+    pub store_uploaded: IntCounter,
+    /// Deep dives not uploaded: the queue was full while the store was slow or down, or they
+    /// were still waiting at shutdown.
+    pub store_dropped: IntCounter,
+    /// Failed store requests (each retried).
+    pub store_failures: IntCounter,
+    /// This node's serving group, as a label (1 when `[fleet] group` is set): Prometheus rules
+    /// join a node's alerts to its group through it.
+    pub fleet_group: IntGaugeVec,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -190,6 +200,10 @@ impl Metrics {
             otlp_exported: reg(r, IntCounterVec::new(opts("otlp_exported_total", "OTLP log records and spans the collector took"), &["signal"]).unwrap()),
             otlp_dropped: reg(r, IntCounterVec::new(opts("otlp_dropped_total", "OTLP log records and spans dropped (queue full while the collector was slow or down, or unsent at shutdown)"), &["signal"]).unwrap()),
             otlp_failures: reg(r, IntCounterVec::new(opts("otlp_export_failures_total", "Failed OTLP export requests"), &["signal"]).unwrap()),
+            store_uploaded: reg(r, IntCounter::with_opts(opts("store_uploaded_total", "Deep dives uploaded to the shared store")).unwrap()),
+            store_dropped: reg(r, IntCounter::with_opts(opts("store_dropped_total", "Deep dives not uploaded to the shared store (queue full while it was slow or down, or waiting at shutdown)")).unwrap()),
+            store_failures: reg(r, IntCounter::with_opts(opts("store_failures_total", "Failed requests to the shared store (retried)")).unwrap()),
+            fleet_group: reg(r, IntGaugeVec::new(opts("fleet_group_info", "This node's serving group ([fleet] group) and name ([fleet] node)"), &["serving_group", "node"]).unwrap()),
             registry,
         }
     }

@@ -316,8 +316,13 @@ fn write_deep_dive(
         w.stats.events,
         trace_path.display()
     );
+    let offset = w.stats.realtime_minus_monotonic_ns;
+    let wall = move |mono: u64| (mono as i64 + offset) as u64;
+    let window = [wall(split.clamp(c.start_ns, c.end_ns)), wall(c.end_ns)];
     Ok(move |r: &mut super::registry::Record| {
         r.state = Phase::Done;
+        r.window_unix_ns = Some(window);
+        r.clock_offset_ns = Some(offset);
         r.trace = Some(trace_path.display().to_string());
         r.report = Some(report_path.display().to_string());
         r.summary = Some(w.report.summary.clone());

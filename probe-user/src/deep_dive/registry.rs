@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Records kept for `/api/v1/deep-dives`.
 const KEPT: usize = 64;
@@ -28,7 +28,7 @@ pub enum Phase {
 }
 
 /// A top suspect, as listed.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SuspectBrief {
     /// Event name.
     pub name: String,
@@ -72,6 +72,12 @@ pub struct Record {
     pub start_at_unix_ns: Option<u64>,
     /// When its capture started, ns since the epoch.
     pub started_unix_ns: Option<u64>,
+    /// The serving group whose deep dive this is (all its nodes share `start_at_unix_ns`).
+    pub group: Option<String>,
+    /// The deep-dive window by the trace's clock snapshot, ns since the epoch.
+    pub window_unix_ns: Option<[u64; 2]>,
+    /// The trace's clock snapshot: CLOCK_REALTIME − CLOCK_MONOTONIC, ns.
+    pub clock_offset_ns: Option<i64>,
 }
 
 /// A deep dive the capture loop should start.
@@ -172,6 +178,9 @@ impl Registry {
             error: None,
             start_at_unix_ns: None,
             started_unix_ns: None,
+            group: None,
+            window_unix_ns: None,
+            clock_offset_ns: None,
         });
         if self.records.len() > KEPT {
             self.records.pop_front();
@@ -188,12 +197,16 @@ impl Registry {
         Ok(id)
     }
 
-    /// Makes queued request `id` wait for the wall-clock instant `unix_ns`.
-    pub fn start_at(&mut self, id: u64, unix_ns: u64) {
+    /// Makes queued request `id` serving group `group`'s deep dive, waiting for the group's
+    /// wall-clock instant `unix_ns` (None: at once).
+    pub fn for_group(&mut self, id: u64, group: &str, unix_ns: Option<u64>) {
         if let Some(r) = self.pending.iter_mut().find(|r| r.id == id) {
-            r.start_at_unix_ns = Some(unix_ns);
+            r.start_at_unix_ns = unix_ns;
         }
-        self.update(id, |rec| rec.start_at_unix_ns = Some(unix_ns));
+        self.update(id, |rec| {
+            rec.start_at_unix_ns = unix_ns;
+            rec.group = Some(group.to_string());
+        });
     }
 
     /// The next queued request whose start is due at `now_unix_ns`, now capturing.
@@ -283,7 +296,7 @@ mod tests {
         let a = r
             .admit(7, "alertmanager".into(), S, Duration::ZERO, 6, true)
             .unwrap();
-        r.start_at(a, 5_000);
+        r.for_group(a, "g", Some(5_000));
         assert!(r.next_request(4_999).is_none());
         assert_eq!(r.get(a).unwrap().state, Phase::Queued);
         let req = r.next_request(5_002).unwrap();
@@ -293,5 +306,6 @@ mod tests {
             (rec.state, rec.start_at_unix_ns, rec.started_unix_ns),
             (Phase::Capturing, Some(5_000), Some(5_002))
         );
+        assert_eq!(rec.group.as_deref(), Some("g"));
     }
 }

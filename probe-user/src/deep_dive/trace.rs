@@ -48,6 +48,9 @@ pub struct WriteStats {
     pub bytes: u64,
     /// Events left out because the byte budget was spent.
     pub dropped_events: u64,
+    /// The trace's clock snapshot: CLOCK_REALTIME − CLOCK_MONOTONIC, ns (a monotonic stamp
+    /// plus this is wall time).
+    pub realtime_minus_monotonic_ns: i64,
 }
 
 /// A writer that stops opening slices and adding instants or counter values once `max_bytes`
@@ -130,8 +133,9 @@ pub fn write<W: Write>(
     windows: &[Window],
     max_bytes: u64,
 ) -> Result<WriteStats> {
+    let clocks = ClockReadings::now();
     let mut b = Budgeted {
-        w: TraceWriter::new(out, ClockReadings::now())?,
+        w: TraceWriter::new(out, clocks)?,
         max_bytes,
         dropped: 0,
     };
@@ -310,6 +314,7 @@ pub fn write<W: Write>(
         events: b.w.events(),
         bytes: b.w.bytes(),
         dropped_events: b.dropped,
+        realtime_minus_monotonic_ns: clocks.realtime_ns as i64 - clocks.monotonic_ns as i64,
     };
     b.w.finish()?.flush()?;
     Ok(stats)

@@ -13,6 +13,7 @@ use std::{
     time::Instant,
 };
 
+use crate::fleet::upload::{Counters, Uploader};
 use crate::otlp::Otlp;
 use anyhow::{bail, Result};
 use log::{info, warn};
@@ -54,6 +55,23 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         let o = Arc::new(Otlp::start(&cfg.otlp, shared.clone())?);
         shared.alerts.subscribe(o.clone());
         Some(o)
+    };
+    let node = cfg.fleet.node_name();
+    if !cfg.fleet.group.is_empty() {
+        let m = &shared.metrics.fleet_group;
+        m.with_label_values(&[cfg.fleet.group.as_str(), node.as_str()])
+            .set(1);
+    }
+    let mut store = if cfg.store.endpoint.is_empty() {
+        None
+    } else {
+        let m = &shared.metrics;
+        let counters = Counters {
+            uploaded: m.store_uploaded.clone(),
+            dropped: m.store_dropped.clone(),
+            failures: m.store_failures.clone(),
+        };
+        Some(Uploader::start(&cfg.store, node, counters)?)
     };
     let (mark, _watchdog) = loop_watchdog::start(cfg.sentinel.poll_interval)?;
     let mut daemon = Daemon {
@@ -140,6 +158,9 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
             if let Some(o) = &otlp {
                 daemon.export_deep_dives(o);
             }
+            if let Some(s) = &mut store {
+                daemon.upload_deep_dives(s);
+            }
         }
         daemon.mark.enter(Phase::Idle);
         std::thread::sleep(cfg.sentinel.poll_interval);
@@ -156,6 +177,10 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
     if let Some(o) = otlp {
         daemon.export_deep_dives(&o);
         o.shutdown();
+    }
+    if let Some(mut s) = store {
+        daemon.upload_deep_dives(&mut s);
+        s.shutdown();
     }
     drop(plane);
     info!("probes detached; stallscope stopped");
@@ -208,6 +233,21 @@ impl Daemon<'_> {
             .records();
         otlp.deep_dives(&records, |pid| {
             self.identities.get(pid).map(|p| p.identity.clone())
+        });
+    }
+
+    /// Hands the deep dives that finished since the last call to the store's upload thread.
+    fn upload_deep_dives(&mut self, store: &mut Uploader) {
+        let records = self
+            .shared
+            .deep_dive
+            .registry
+            .lock()
+            .expect("registry lock")
+            .records();
+        let alerts = self.shared.alerts.recent();
+        store.deep_dives(&records, &alerts, |pid| {
+            self.identities.get(pid).and_then(|p| p.identity.short())
         });
     }
 
