@@ -41,6 +41,13 @@ CASES = {
     "otlp-to-a-node-agent": {
         "config": {"otlp": {"endpoint": "http://otel-agent.monitoring:4318", "metrics_interval": "30s"}},
     },
+    "serving-group-with-a-store": {
+        "config": {
+            "fleet": {"group": "llama-70b-tp8", "lead": "5s"},
+            "store": {"endpoint": "https://s3.us-east-1.amazonaws.com", "bucket": "deep-dives", "region": "us-east-1"},
+        },
+        "storeCredentials": {"existingSecret": "stallscope-s3"},
+    },
     "gpu-nodes": {
         "nodeSelector": {"nvidia.com/gpu.present": "true"},
         "priorityClassName": "",
@@ -58,6 +65,8 @@ BAD_VALUES = {
     "a relative state path": {"stateHostPath": "var/lib/stallscope"},
     "an unknown pod-name source": {"config": {"pods": {"names": "cri"}}},
     "an https OTLP endpoint (no TLS in the daemon)": {"config": {"otlp": {"endpoint": "https://c:4318"}}},
+    "store credentials in the ConfigMap": {"config": {"store": {"secret_access_key": "k"}}},
+    "a store endpoint without a scheme": {"config": {"store": {"endpoint": "s3.local:9000"}}},
 }
 
 # Custom resources: no Kubernetes schema covers them; their content is checked here and by

@@ -152,7 +152,8 @@ fn a_stall_on_one_node_gives_one_group_deep_dive_in_the_store() {
         "{index}"
     );
 
-    // One trace of the group, from the store.
+    // One trace of the group, from the store (the engine may slow again after the hog and
+    // the group take another deep dive: this one is named by its instant).
     let merged = dir.join("group.pftrace");
     let out = expect_json(stallscope().args([
         "fleet",
@@ -161,6 +162,8 @@ fn a_stall_on_one_node_gives_one_group_deep_dive_in_the_store() {
         configs[0].to_str().unwrap(),
         "--group",
         GROUP,
+        "--instant",
+        &instant.to_string(),
         "--out",
         merged.to_str().unwrap(),
     ]));

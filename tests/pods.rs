@@ -20,7 +20,7 @@ use serde_json::Value;
 
 mod common;
 use common::daemon::Daemon;
-use common::kubelet::{pod_list, pods_section, series_of, stand_in_kubelet};
+use common::kubelet::{pod_list, pods_section, series_of, stand_in_kubelet, GROUP_LABEL};
 use common::{
     daemon::config, expect_json, expect_success, free_port, http_get, python, python_check,
     require_root, stallscope, standin_library, start_hog, toy_step_walls_ms, toy_steps_between,
@@ -247,8 +247,9 @@ fn follows_an_engine_in_a_pod(placement: Placement, python_version: &str, name: 
             Placement::Sidecar => 1,
         };
         let port = free_port();
-        let mut cfg =
-            std::fs::read_to_string(config(&dir, pid, port, 300)).unwrap() + &pods_section(kubelet);
+        let mut cfg = std::fs::read_to_string(config(&dir, pid, port, 300)).unwrap()
+            + &pods_section(kubelet)
+            + &format!("\n[fleet]\ngroup_pod_label = \"{GROUP_LABEL}\"\nnode = \"node-a\"\n");
         if placement == Placement::Sidecar {
             cfg = cfg
                 .replace(
@@ -282,6 +283,14 @@ fn follows_an_engine_in_a_pod(placement: Placement, python_version: &str, name: 
             assert_eq!(id[field], want, "{python_version}: {field} in {e}");
         }
         assert_eq!(id["pid_in_container"], 1, "{e}");
+        // The pod's label makes the engine a member of its serving group.
+        let group = format!("{name}-group");
+        assert_eq!(id["pod_labels"][GROUP_LABEL], group.as_str(), "{e}");
+        let info =
+            format!("stallscope_fleet_group_info{{node=\"node-a\",serving_group=\"{group}\"}} 1");
+        d.wait_for("the group in the metrics", Duration::from_secs(10), |d| {
+            http_get(d.port, "/metrics").lines().any(|l| l == info)
+        });
         assert!(asked.load(Ordering::SeqCst) >= 1, "the kubelet was asked");
 
         // Its iterations are the engine's own: the counter grows by the steps the toy timed

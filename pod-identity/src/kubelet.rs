@@ -1,7 +1,7 @@
 //! The node's pods as its kubelet lists them: `GET /pods` answers a v1 `PodList`, from which
 //! each container id gets its pod's namespace and name and its container's name.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Deserialize;
 
@@ -16,6 +16,8 @@ pub struct Names {
     /// The container's name in the pod's spec; `None` when only the pod is known (its
     /// container has no status yet).
     pub container: Option<String>,
+    /// The pod's labels.
+    pub labels: BTreeMap<String, String>,
 }
 
 /// The pods of a `PodList`, by container id and by pod UID.
@@ -36,6 +38,7 @@ impl Directory {
                 pod: pod.metadata.name.clone(),
                 uid: pod.metadata.uid.clone(),
                 container,
+                labels: pod.metadata.labels.clone(),
             };
             let status = pod.status.unwrap_or_default();
             for c in status
@@ -79,6 +82,8 @@ struct Metadata {
     name: String,
     namespace: String,
     uid: String,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -103,7 +108,7 @@ mod tests {
     #[test]
     fn finds_containers_and_pods() {
         let list = r#"{"kind":"PodList","apiVersion":"v1","items":[
-          {"metadata":{"name":"vllm-0","namespace":"serving","uid":"u-1"},
+          {"metadata":{"name":"vllm-0","namespace":"serving","uid":"u-1","labels":{"stallscope.io/serving-group":"llama-tp2"}},
            "status":{"containerStatuses":[{"name":"engine","containerID":"containerd://aaa"},
                                           {"name":"sidecar","containerID":"containerd://bbb"}],
                      "initContainerStatuses":[{"name":"fetch-weights","containerID":"containerd://ccc"}]}},
@@ -120,6 +125,11 @@ mod tests {
             }
             .into(),
             container: c.map(str::to_string),
+            labels: if pod == "vllm-0" {
+                [("stallscope.io/serving-group".into(), "llama-tp2".into())].into()
+            } else {
+                Default::default()
+            },
         };
         for (id, uid, want) in [
             (

@@ -10,7 +10,7 @@ pub mod cgroup;
 pub mod kubelet;
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     net::{SocketAddr, ToSocketAddrs},
     sync::{Arc, Condvar, Mutex},
     time::{Duration, Instant},
@@ -28,6 +28,9 @@ pub struct Identity {
     pub namespace: Option<String>,
     /// The pod's name (from the kubelet).
     pub pod: Option<String>,
+    /// The pod's labels (from the kubelet).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_labels: BTreeMap<String, String>,
     /// The container's name in the pod (from the kubelet).
     pub container: Option<String>,
     /// The pod's UID (from the cgroup, else from the kubelet).
@@ -158,6 +161,7 @@ impl Resolver {
                 id.namespace = Some(names.namespace);
                 id.pod = Some(names.pod);
                 id.container = names.container;
+                id.pod_labels = names.labels;
             }
             None => {
                 let fetches = n.fetches;

@@ -49,6 +49,9 @@ pub struct FleetConfig {
     /// the `STALLSCOPE_GROUP` environment variable, when set, overrides it (a chart sets it
     /// from a pod label through the downward API).
     pub group: String,
+    /// When `group` is empty, an engine's serving group is the value of this label of its pod
+    /// (from the kubelet's pod list), such as `stallscope.io/serving-group`; "" = none.
+    pub group_pod_label: String,
     /// This node's name in the group's index and merged trace ("" = the host name); the
     /// `STALLSCOPE_NODE` environment variable, when set, overrides it.
     pub node: String,
@@ -66,6 +69,7 @@ impl Default for FleetConfig {
     fn default() -> Self {
         Self {
             group: String::new(),
+            group_pod_label: String::new(),
             node: String::new(),
             group_label: "serving_group".into(),
             max_calls_per_minute: 60,
@@ -75,6 +79,22 @@ impl Default for FleetConfig {
 }
 
 impl FleetConfig {
+    /// The serving group of an engine placed at `identity`: `group`, else its pod's
+    /// `group_pod_label`.
+    pub fn group_of(&self, identity: &pod_identity::Identity) -> Option<String> {
+        if !self.group.is_empty() {
+            return Some(self.group.clone());
+        }
+        if self.group_pod_label.is_empty() {
+            return None;
+        }
+        identity
+            .pod_labels
+            .get(&self.group_pod_label)
+            .filter(|g| !g.is_empty())
+            .cloned()
+    }
+
     /// This node's name: `node`, else the host name.
     pub fn node_name(&self) -> String {
         if !self.node.is_empty() {
@@ -714,6 +734,31 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ok.otlp.headers["authorization"], "Bearer t");
+    }
+
+    /// An engine's group: the node's when set, else its pod's label when one is named.
+    #[test]
+    fn an_engine_group_comes_from_the_node_or_its_pod_label() {
+        let labelled = pod_identity::Identity {
+            pod_labels: [("team/group".to_string(), "tp8".to_string())].into(),
+            ..Default::default()
+        };
+        let plain = pod_identity::Identity::default();
+        for (group, label, id, want) in [
+            ("g", "", &labelled, Some("g")),
+            ("g", "team/group", &labelled, Some("g")),
+            ("", "team/group", &labelled, Some("tp8")),
+            ("", "team/group", &plain, None),
+            ("", "other", &labelled, None),
+            ("", "", &labelled, None),
+        ] {
+            let f = FleetConfig {
+                group: group.into(),
+                group_pod_label: label.into(),
+                ..FleetConfig::default()
+            };
+            assert_eq!(f.group_of(id).as_deref(), want, "{group:?} {label:?}");
+        }
     }
 
     /// Each bad `[store]` setting is refused with an error naming its key.

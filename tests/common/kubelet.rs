@@ -10,13 +10,22 @@ use std::{
     },
 };
 
-/// The v1 PodList of one pod, `pod`, whose container `container` is in namespace `namespace`.
+/// The label whose value names a pod's serving group in these tests.
+pub const GROUP_LABEL: &str = "stallscope.io/serving-group";
+
+/// The v1 PodList of one pod, `pod`, whose container `container` is in namespace `namespace`;
+/// the pod's serving group ([`GROUP_LABEL`]) is `<pod name>-group`.
 pub fn pod_list(namespace: &str, pod: &sys_util::pod::Pod, container: &str) -> String {
     serde_json::json!({
         "kind": "PodList",
         "apiVersion": "v1",
         "items": [{
-            "metadata": {"name": pod.name, "namespace": namespace, "uid": pod.uid},
+            "metadata": {
+                "name": pod.name,
+                "namespace": namespace,
+                "uid": pod.uid,
+                "labels": {GROUP_LABEL: format!("{}-group", pod.name)},
+            },
             "status": {"containerStatuses": [{
                 "name": container,
                 "containerID": format!("containerd://{}", pod.container_id),

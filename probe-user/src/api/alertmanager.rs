@@ -60,14 +60,15 @@ pub fn parse(body: &[u8]) -> Result<Message, BadMessage> {
     Ok(m)
 }
 
-/// The firing alerts of `m` whose `label` names `group` (none when `group` is empty).
-pub fn firing_for<'a>(m: &'a Message, label: &str, group: &str) -> Vec<&'a AmAlert> {
-    if group.is_empty() {
-        return Vec::new();
-    }
+/// The firing alerts of `m` whose `label` names one of `groups`.
+pub fn firing_for<'a>(
+    m: &'a Message,
+    label: &str,
+    groups: &std::collections::BTreeSet<String>,
+) -> Vec<&'a AmAlert> {
     m.alerts
         .iter()
-        .filter(|a| a.status == "firing" && a.labels.get(label).is_some_and(|g| g == group))
+        .filter(|a| a.status == "firing" && a.labels.get(label).is_some_and(|g| groups.contains(g)))
         .collect()
 }
 
@@ -102,8 +103,12 @@ mod tests {
             (vec![a("firing", Some("g1"))], "", 0),
         ] {
             let m = parse(message(&alerts.join(",")).as_bytes()).unwrap();
+            let groups = [group.to_string()]
+                .into_iter()
+                .filter(|g| !g.is_empty())
+                .collect();
             assert_eq!(
-                firing_for(&m, "serving_group", group).len(),
+                firing_for(&m, "serving_group", &groups).len(),
                 want,
                 "{alerts:?} {group}"
             );

@@ -260,27 +260,36 @@ async fn alertmanager_webhook(
         Ok(m) => m,
         Err(e) => return refuse(StatusCode::BAD_REQUEST, e.0),
     };
-    let (label, group) = (&app.fleet.group_label, &app.fleet.group);
-    let firing = alertmanager::firing_for(&message, label, group);
+    // The groups of this node's engines ([fleet] group, or each engine's pod label).
+    let label = &app.fleet.group_label;
+    let statuses = app.shared.engines.statuses();
+    let groups: std::collections::BTreeSet<String> = statuses
+        .iter()
+        .filter_map(|s| app.fleet.group_of(&s.identity))
+        .collect();
+    let firing = alertmanager::firing_for(&message, label, &groups);
     let Some(first) = firing.first() else {
-        let reason = if group.is_empty() {
-            "this node has no serving group ([fleet] group or STALLSCOPE_GROUP)".to_string()
+        let reason = if statuses.is_empty() {
+            "no engine is attached on this node".to_string()
+        } else if groups.is_empty() {
+            "no engine on this node is in a serving group ([fleet] group or STALLSCOPE_GROUP, or [fleet] group_pod_label)".to_string()
         } else {
-            format!("no firing alert has {label}=\"{group}\"")
+            format!("no firing alert has {label} naming one of this node's groups {groups:?}")
         };
         return Json(json!({ "deep_dive": null, "reason": reason })).into_response();
     };
-    // The engine the alert names by its pod, else this node's first.
-    let statuses = app.shared.engines.statuses();
+    let group = first.labels[label.as_str()].as_str();
+    // The group's engine the alert names by its pod, else the group's first on this node.
+    let members: Vec<_> = statuses
+        .iter()
+        .filter(|s| app.fleet.group_of(&s.identity).as_deref() == Some(group))
+        .collect();
     let pod = firing.iter().find_map(|a| a.labels.get("pod"));
-    let engine = statuses
+    let engine = members
         .iter()
         .find(|s| pod.is_some() && s.identity.pod.as_ref() == pod)
-        .or(statuses.first());
-    let Some(engine) = engine else {
-        return Json(json!({ "deep_dive": null, "reason": "no engine is attached on this node" }))
-            .into_response();
-    };
+        .or(members.first())
+        .expect("a group is known from one of its engines");
     let alertname = first
         .labels
         .get("alertname")

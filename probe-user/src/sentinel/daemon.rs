@@ -57,11 +57,6 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         Some(o)
     };
     let node = cfg.fleet.node_name();
-    if !cfg.fleet.group.is_empty() {
-        let m = &shared.metrics.fleet_group;
-        m.with_label_values(&[cfg.fleet.group.as_str(), node.as_str()])
-            .set(1);
-    }
     let mut store = if cfg.store.endpoint.is_empty() {
         None
     } else {
@@ -71,7 +66,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
             dropped: m.store_dropped.clone(),
             failures: m.store_failures.clone(),
         };
-        Some(Uploader::start(&cfg.store, node, counters)?)
+        Some(Uploader::start(&cfg.store, node.clone(), counters)?)
     };
     let (mark, _watchdog) = loop_watchdog::start(cfg.sentinel.poll_interval)?;
     let mut daemon = Daemon {
@@ -83,6 +78,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         identities: Identities::new(cfg.pods.source()?, cfg.pods.timeout),
         kernel_only: BTreeSet::new(),
         thread_time: ThreadTime::default(),
+        groups_shown: BTreeSet::new(),
     };
     let mut dives = Dives::new(
         &cfg.deep_dive,
@@ -161,6 +157,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
             if let Some(s) = &mut store {
                 daemon.upload_deep_dives(s);
             }
+            daemon.show_groups(&node);
         }
         daemon.mark.enter(Phase::Idle);
         std::thread::sleep(cfg.sentinel.poll_interval);
@@ -203,6 +200,8 @@ struct Daemon<'a> {
     kernel_only: BTreeSet<u32>,
     /// The kernel plane's watched processes and their threads' series.
     thread_time: ThreadTime,
+    /// The serving groups shown in stallscope_fleet_group_info.
+    groups_shown: BTreeSet<String>,
 }
 
 /// Whether an attach failed because the process is not Python at all.
@@ -234,6 +233,27 @@ impl Daemon<'_> {
         otlp.deep_dives(&records, |pid| {
             self.identities.get(pid).map(|p| p.identity.clone())
         });
+    }
+
+    /// Says this node's serving groups (those of its engines) in stallscope_fleet_group_info.
+    fn show_groups(&mut self, node: &str) {
+        let groups: BTreeSet<String> = self
+            .shared
+            .engines
+            .statuses()
+            .iter()
+            .filter_map(|s| self.cfg.fleet.group_of(&s.identity))
+            .collect();
+        // Series are removed one by one (a reset would leave a scrape without them, and a
+        // Prometheus rule joined through them would resolve and fire again).
+        let m = &self.shared.metrics.fleet_group;
+        for gone in self.groups_shown.difference(&groups) {
+            let _ = m.remove_label_values(&[gone.as_str(), node]);
+        }
+        for g in &groups {
+            m.with_label_values(&[g.as_str(), node]).set(1);
+        }
+        self.groups_shown = groups;
     }
 
     /// Hands the deep dives that finished since the last call to the store's upload thread.
