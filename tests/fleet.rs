@@ -8,9 +8,15 @@
 //! 50 ms of each other by the traces' own clock snapshots; the traces, the nodes' entries and
 //! the index are in the store; the index names the hogged node as the first to slow; `stallscope
 //! fleet merge` writes one trace of the three nodes that PyPI perfetto's decoder reads.
+//!
+//! With a vLLM server's JSON in STALLSCOPE_VLLM (`cargo xtask test` runs this file again in its
+//! vLLM phase), the last node's engine is the real vLLM engine: a member of the group that takes
+//! the group's deep dive with the others (the toys stay the ones whose baselines alert: vLLM's
+//! forward takes both CPUs of this machine while it serves, so it is left idle once attached).
 
 use std::{
     path::{Path, PathBuf},
+    process::{Command, Stdio},
     time::Duration,
 };
 
@@ -22,7 +28,7 @@ use common::netns::Net;
 use common::servers::{s3_object, start_alertmanager, start_prometheus, start_s3};
 use common::{
     capture_start_unix_ns, expect_json, free_port, python_check, require_root, stallscope,
-    start_engine_in, start_hog, tmpdir, TOY_HOG,
+    start_engine_in, start_hog, tmpdir, Proc, TOY_HOG,
 };
 use perfetto_writer::read;
 
@@ -33,14 +39,33 @@ const NODES: usize = 3;
 /// The node whose engine is hogged; it runs alone on CPU 1, the others share CPU 0.
 const HOGGED: usize = 0;
 
-/// Node `i`'s configuration: its engine, its API on its namespace's address, the group, the
-/// store, and no deep dive of its own on its alerts (the group's alert takes one on every
-/// node; a node's own would hold its capture ring when the group's instant comes).
-fn node_config(dir: &Path, net: &Net, i: usize, engine: u32, port: u16, s3: &str) -> PathBuf {
+/// Node `i`'s configuration: its engine (a toy, or vLLM), its API on its namespace's address,
+/// the group, the store, and no deep dive of its own on its alerts (the group's alert takes
+/// one on every node; a node's own would hold its capture ring when the group's instant
+/// comes).
+fn node_config(
+    dir: &Path,
+    net: &Net,
+    i: usize,
+    engine: u32,
+    vllm: bool,
+    port: u16,
+    s3: &str,
+) -> PathBuf {
     let listen = format!("{}:{port}", net.node_ip(i));
     let cfg = config_on(dir, engine, &listen, 300, TOKEN);
-    let text = std::fs::read_to_string(&cfg)
-        .unwrap()
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    if vllm {
+        let watch = text
+            .lines()
+            .find(|l| l.starts_with("watch = "))
+            .unwrap()
+            .to_string();
+        text = text
+            .replace("framework = \"generic\"", "framework = \"vllm\"")
+            .replace(&watch, "watch = []");
+    }
+    let text = text
         .replace("on_alert = true", "on_alert = false")
         + &format!(
             "\n[fleet]\ngroup = \"{GROUP}\"\nnode = \"node-{i}\"\nlead = \"4s\"\n\n[store]\nendpoint = \"http://{s3}\"\nbucket = \"{BUCKET}\"\nprefix = \"fleet-test\"\naccess_key_id = \"testing\"\nsecret_access_key = \"testing\"\ntimeout = \"10s\"\n"
@@ -49,31 +74,79 @@ fn node_config(dir: &Path, net: &Net, i: usize, engine: u32, port: u16, s3: &str
     cfg
 }
 
+fn pin_this_thread_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "sched_setaffinity: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 #[test]
 fn a_stall_on_one_node_gives_one_group_deep_dive_in_the_store() {
     require_root();
+    // Everything this test starts runs on CPU 0 (children inherit the mask) but the hogged
+    // node's engine, alone on CPU 1: the hog then takes CPU time from that engine only, instead
+    // of pushing the daemons and servers over to the other engines' CPU, where they would slow
+    // those engines before the hogged one's alert.
+    pin_this_thread_to_cpu(0);
     let dir = tmpdir("fleet");
     let net = Net::new(NODES);
     let (_s3, s3) = start_s3(&dir, net.host_ip(), BUCKET);
+    let vllm: Option<Value> = std::env::var("STALLSCOPE_VLLM")
+        .ok()
+        .map(|v| serde_json::from_str(&v).unwrap());
     let mut engines = Vec::new();
     let mut nodes = Vec::new();
     let mut configs = Vec::new();
     for i in 0..NODES {
-        let cpu = if i == HOGGED { "1" } else { "0" };
-        engines.push(start_engine_in(&net.enter(i), cpu));
         let node_dir = dir.join(format!("node-{i}"));
         std::fs::create_dir_all(&node_dir).unwrap();
         let port = free_port();
-        let cfg = node_config(&node_dir, &net, i, engines[i].id(), port, &s3.to_string());
+        let vllm_pid = vllm
+            .as_ref()
+            .filter(|_| i == NODES - 1)
+            .map(|v| v["engine_pid"].as_u64().unwrap() as u32);
+        let pid = match vllm_pid {
+            Some(pid) => pid,
+            None => {
+                let cpu = if i == HOGGED { "1" } else { "0" };
+                engines.push(start_engine_in(&net.enter(i), cpu));
+                engines.last().unwrap().id()
+            }
+        };
+        let s3 = s3.to_string();
+        let cfg = node_config(&node_dir, &net, i, pid, vllm_pid.is_some(), port, &s3);
         configs.push(cfg.clone());
-        nodes.push(Daemon::start_at(
-            &node_dir,
-            (net.node_ip(i), port),
-            cfg,
-            &net.enter(i),
-        ));
+        // An idle vLLM engine waits in a futex and cannot run the attach: a little load
+        // until it is attached.
+        let load = vllm.as_ref().filter(|_| vllm_pid.is_some()).map(|v| {
+            Proc::spawn(
+                Command::new(std::env::var_os("STALLSCOPE_XTASK").unwrap())
+                    .args(["vllm", "load", "--duration", "600", "--concurrency", "1"])
+                    .arg("--port")
+                    .arg(v["port"].to_string())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null()),
+            )
+        });
+        let d = Daemon::start_at(&node_dir, (net.node_ip(i), port), cfg, &net.enter(i));
+        if load.is_some() {
+            d.wait_for("vLLM attached", Duration::from_secs(180), |d| {
+                d.engine().is_some_and(|e| e["anchor"].is_string())
+            });
+            eprintln!("node-{i}: attached to the vLLM engine {pid}");
+        }
+        drop(load);
+        nodes.push(d);
     }
-    for d in &nodes {
+    for d in nodes.iter().take(engines.len()) {
         d.wait_for("fitted model", Duration::from_secs(90), |d| {
             d.engine().is_some_and(|e| e["model_state"] == "fitted")
         });

@@ -126,26 +126,23 @@ fn main() -> Result<()> {
     }
 }
 
-/// The sentinel's end-to-end test against a real vLLM server (tests/sentinel_vllm.rs, about
-/// 15 minutes): brings the server up in a pod (`--isolated`, as a DaemonSet finds engines),
-/// runs the test with its JSON in STALLSCOPE_VLLM, and stops the server whatever the outcome.
+/// The tests that need a real vLLM server, run against one bring-up: the sentinel's end-to-end
+/// test (tests/sentinel_vllm.rs, about 15 minutes), then the serving group with vLLM as one of
+/// its nodes (tests/fleet.rs). Brings the server up in a pod (`--isolated`, as a DaemonSet
+/// finds engines), runs each test with the server's JSON in STALLSCOPE_VLLM, and stops the
+/// server whatever the outcome.
 fn vllm_end_to_end() -> Result<()> {
     let server = vllm::up(8000, None, None, true)?;
-    let result = run_checked(
-        Command::new(env!("CARGO"))
-            .args([
-                "test",
-                "--release",
-                "--test",
-                "sentinel_vllm",
-                "--",
-                "--nocapture",
-            ])
-            .current_dir(root())
-            .env("STALLSCOPE_BIN", stallscope_bin())
-            .env("STALLSCOPE_XTASK", root().join("target/release/xtask"))
-            .env("STALLSCOPE_VLLM", server),
-    );
+    let result = ["sentinel_vllm", "fleet"].iter().try_for_each(|test| {
+        run_checked(
+            Command::new(env!("CARGO"))
+                .args(["test", "--release", "--test", test, "--", "--nocapture"])
+                .current_dir(root())
+                .env("STALLSCOPE_BIN", stallscope_bin())
+                .env("STALLSCOPE_XTASK", root().join("target/release/xtask"))
+                .env("STALLSCOPE_VLLM", &server),
+        )
+    });
     let down = vllm::down();
     result.and(down)
 }
