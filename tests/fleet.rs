@@ -11,8 +11,9 @@
 //!
 //! With a vLLM server's JSON in STALLSCOPE_VLLM (`cargo xtask test` runs this file again in its
 //! vLLM phase), the last node's engine is the real vLLM engine: a member of the group that takes
-//! the group's deep dive with the others (the toys stay the ones whose baselines alert: vLLM's
-//! forward takes both CPUs of this machine while it serves, so it is left idle once attached).
+//! the group's deep dive with the others (the toys stay the ones whose baselines alert: vLLM
+//! serving takes both CPUs of this machine and would slow them, so it is left idle once
+//! attached).
 
 use std::{
     path::{Path, PathBuf},
