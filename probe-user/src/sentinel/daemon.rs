@@ -223,16 +223,16 @@ impl Daemon<'_> {
 
     /// Exports the deep dives that finished since the last call, each named by its engine.
     fn export_deep_dives(&mut self, otlp: &Otlp) {
-        let records = self
-            .shared
-            .deep_dive
-            .registry
-            .lock()
-            .expect("registry lock")
-            .records();
+        let records = self.deep_dive_records();
         otlp.deep_dives(&records, |pid| {
             self.identities.get(pid).map(|p| p.identity.clone())
         });
+    }
+
+    /// Every kept deep-dive record.
+    fn deep_dive_records(&self) -> Vec<crate::deep_dive::registry::Record> {
+        let registry = self.shared.deep_dive.registry.lock();
+        registry.expect("registry lock").records()
     }
 
     /// Says this node's serving groups (those of its engines) in stallscope_fleet_group_info.
@@ -258,13 +258,7 @@ impl Daemon<'_> {
 
     /// Hands the deep dives that finished since the last call to the store's upload thread.
     fn upload_deep_dives(&mut self, store: &mut Uploader) {
-        let records = self
-            .shared
-            .deep_dive
-            .registry
-            .lock()
-            .expect("registry lock")
-            .records();
+        let records = self.deep_dive_records();
         let alerts = self.shared.alerts.recent();
         store.deep_dives(&records, &alerts, |pid| {
             self.identities.get(pid).and_then(|p| p.identity.short())
