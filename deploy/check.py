@@ -64,7 +64,7 @@ BAD_VALUES = {
     "an unknown top-level key": {"replicas": 3},
     "a relative state path": {"stateHostPath": "var/lib/stallscope"},
     "an unknown pod-name source": {"config": {"pods": {"names": "cri"}}},
-    "an https OTLP endpoint (no TLS in the daemon)": {"config": {"otlp": {"endpoint": "https://c:4318"}}},
+    "an https OTLP endpoint (plain HTTP only)": {"config": {"otlp": {"endpoint": "https://c:4318"}}},
     "store credentials in the ConfigMap": {"config": {"store": {"secret_access_key": "k"}}},
     "a store endpoint without a scheme": {"config": {"store": {"endpoint": "s3.local:9000"}}},
 }

@@ -16,6 +16,8 @@ pub struct Row {
     pub duration_us: Option<f64>,
     /// The workload columns.
     pub workload: Workload,
+    /// `stage` (`prefill`, `decode`, `mixed`), if present.
+    pub stage: Option<crate::Stage>,
 }
 
 /// Columns every row needs to be predicted.
@@ -50,11 +52,12 @@ pub fn parse_csv(text: &str, need_duration: bool) -> Result<Vec<Row>, ModelError
         )));
     }
     let [b, li, lo] = WORKLOAD_COLUMNS.map(|c| col(c).expect("checked"));
-    let (dur, job, start, tokens) = (
+    let (dur, job, start, tokens, stage) = (
         col("duration_us"),
         col("job_name"),
         col("start_ts"),
         col("num_tokens"),
+        col("stage"),
     );
     let mut rows = Vec::new();
     for (i, rec) in r.records().enumerate() {
@@ -73,7 +76,19 @@ pub fn parse_csv(text: &str, need_duration: bool) -> Result<Vec<Row>, ModelError
                 })
         };
         let batch = num(b)?;
+        let stage = match stage.and_then(|c| rec.get(c)) {
+            None | Some("") => None,
+            Some("prefill") => Some(crate::Stage::Prefill),
+            Some("decode") => Some(crate::Stage::Decode),
+            Some("mixed") => Some(crate::Stage::Mixed),
+            Some(other) => {
+                return Err(ModelError::Data(format!(
+                    "line {line}, column stage: {other:?} is not prefill, decode or mixed"
+                )))
+            }
+        };
         rows.push(Row {
+            stage,
             job: job.and_then(|c| rec.get(c)).unwrap_or("").to_string(),
             start_us: start.map(num).transpose()?,
             duration_us: dur.map(num).transpose()?,
@@ -105,6 +120,18 @@ mod tests {
         assert_eq!(rows[0].duration_us, Some(29493.61));
         assert_eq!(rows[0].workload.features()[3], 201.0);
         assert_eq!(rows[0].workload.tokens, 1.0);
+        assert_eq!(rows[0].stage, None);
+        let t = "batch_size,avg_input_length,avg_output_length,stage\n8,300,0,decode\n1,9,0,prefill\n";
+        let stages: Vec<_> = parse_csv(t, false)
+            .unwrap()
+            .iter()
+            .map(|r| r.stage)
+            .collect();
+        assert_eq!(
+            stages,
+            [Some(crate::Stage::Decode), Some(crate::Stage::Prefill)]
+        );
+        assert!(parse_csv(&t.replace("prefill", "warmup"), false).is_err());
     }
 
     #[test]

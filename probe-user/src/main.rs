@@ -79,6 +79,9 @@ enum Command {
     Fit(cli::model::FitArgs),
     /// Predict iteration durations (µs, one per input row) with a fitted baseline.
     Predict(cli::model::PredictArgs),
+    /// Run the sentinel over a recorded iteration table (the daemon's export) with a
+    /// configuration's [sentinel] settings: its fits and alerts, as JSON.
+    Replay(cli::replay::ReplayArgs),
     /// Account every thread of a process over a window (on-CPU, run-queue wait, blocked
     /// time, context switches, top syscalls) and time its watched Python functions.
     Probe(cli::probe::ProbeArgs),
@@ -123,6 +126,9 @@ fn main() -> ExitCode {
     )
     .format_target(false)
     .init();
+    // Every HTTP client of the process (the store's, OTLP's) shares one reqwest build with
+    // rustls, which needs a process-wide crypto provider before the first client is built.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -179,6 +185,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Inject(args) => cli::inject::run(&args),
         Command::Evaluate(args) => cli::evaluate::run(&args),
         Command::Predict(args) => cli::model::predict(&args),
+        Command::Replay(args) => cli::replay::replay(&args),
         Command::Gpu(args) => cli::gpu::run(&args),
         Command::Probe(args) => rt.block_on(cli::probe::run(&args, &paths)),
         Command::Fleet(cmd) => cli::fleet::run(&cmd),

@@ -8,3 +8,4 @@ pub mod gpu;
 pub mod inject;
 pub mod model;
 pub mod probe;
+pub mod replay;

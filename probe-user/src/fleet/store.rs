@@ -52,9 +52,7 @@ impl Store {
         ) else {
             bail!("the store needs credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or [store] access_key_id and secret_access_key)");
         };
-        // TLS (an https endpoint) through rustls with ring, verified against the system's
-        // roots; a provider installed before is kept.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        // https is verified against the system's roots (rustls; main installs its provider).
         let client = reqwest::blocking::Client::builder()
             .timeout(cfg.timeout)
             .build()
