@@ -121,7 +121,8 @@ mod tests {
         assert_eq!(rows[0].workload.features()[3], 201.0);
         assert_eq!(rows[0].workload.tokens, 1.0);
         assert_eq!(rows[0].stage, None);
-        let t = "batch_size,avg_input_length,avg_output_length,stage\n8,300,0,decode\n1,9,0,prefill\n";
+        let t =
+            "batch_size,avg_input_length,avg_output_length,stage\n8,300,0,decode\n1,9,0,prefill\n";
         let stages: Vec<_> = parse_csv(t, false)
             .unwrap()
             .iter()

@@ -9,6 +9,7 @@ pub mod detector;
 pub mod eval;
 pub mod features;
 pub mod gbdt;
+pub mod recalibration;
 pub mod root_cause;
 pub mod sentinel;
 pub mod stage;

@@ -11,6 +11,7 @@ use crate::{
     baseline::{positive_error, Baseline, BaselineParams, Fingerprint, Sample},
     detector::{Detector, DetectorParams, Transition},
     features::Workload,
+    recalibration::Recalibration,
     stage::Stage,
 };
 
@@ -32,6 +33,11 @@ pub struct SentinelParams {
     pub max_training_samples: usize,
     /// Also model and alert on prefill and mixed iterations (default: decode only).
     pub alert_on_prefill: bool,
+    /// Scale the model's predictions by the median observed/predicted ratio of this many
+    /// recent healthy iterations (0: off); see [`Recalibration`].
+    pub recalibrate_over: usize,
+    /// Bound of that scale: within `[1/(1+max), 1+max]`.
+    pub recalibrate_max: f64,
 }
 
 impl Default for SentinelParams {
@@ -43,6 +49,8 @@ impl Default for SentinelParams {
             refit_every: 5000,
             max_training_samples: 20_000,
             alert_on_prefill: false,
+            recalibrate_over: 0,
+            recalibrate_max: 0.2,
         }
     }
 }
@@ -104,9 +112,11 @@ pub struct Sentinel {
     baseline: Option<Baseline>,
     detector: Detector,
     training: VecDeque<Sample>,
-    /// Recent healthy samples held back for one window: if an alert starts, they were
-    /// probably already abnormal and never reach the training set.
-    pending: VecDeque<Sample>,
+    /// Recent healthy samples (with the model's uncalibrated prediction) held back for one
+    /// window: if an alert starts, they were probably already abnormal and never reach the
+    /// training set or the recalibration.
+    pending: VecDeque<(Sample, f64)>,
+    recalibration: Recalibration,
     since_fit: usize,
     /// Samples the current model was fitted on.
     fitted_on: usize,
@@ -128,6 +138,7 @@ impl Sentinel {
             baseline,
             training: VecDeque::new(),
             pending: VecDeque::new(),
+            recalibration: Recalibration::new(params.recalibrate_over, params.recalibrate_max),
             since_fit: 0,
             fitting: false,
         }
@@ -154,7 +165,8 @@ impl Sentinel {
             self.add_training(sample);
             return Verdict::default();
         };
-        let predicted = b.predict(&it.workload);
+        let raw = b.predict(&it.workload);
+        let predicted = raw * self.recalibration.factor();
         let error = positive_error(sample.duration_us, predicted, b.epsilon_us);
         let ucl = b.ucl.limit;
         let (moving_mean, t) = self.detector.push(error, ucl);
@@ -162,9 +174,10 @@ impl Sentinel {
             self.pending.clear();
         }
         if !self.detector.active() {
-            self.pending.push_back(sample);
+            self.pending.push_back((sample, raw));
             while self.pending.len() > self.params.detector.window {
-                let s = self.pending.pop_front().expect("non-empty");
+                let (s, raw) = self.pending.pop_front().expect("non-empty");
+                self.recalibration.push(s.duration_us, raw);
                 self.add_training(s);
             }
         }
@@ -219,6 +232,12 @@ impl Sentinel {
         self.baseline = Some(baseline);
         self.fitting = false;
         self.detector.reset_window();
+        self.recalibration.reset();
+    }
+
+    /// The factor the model's predictions are scaled by now (1: none).
+    pub fn recalibration(&self) -> f64 {
+        self.recalibration.factor()
     }
 
     /// A fit failed; the previous state stays (it is retried after the next batch of samples).

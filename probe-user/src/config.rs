@@ -216,7 +216,7 @@ impl OtlpConfig {
         }
         if self.endpoint.starts_with("https://") {
             bail!(
-                "otlp.endpoint {:?}: this build exports over plain HTTP only (no TLS); point it at a collector's http:// receiver, such as a node-local agent",
+                "otlp.endpoint {:?}: OTLP export goes over plain HTTP only (https is not tested); point it at a collector's http:// receiver, such as a node-local agent",
                 self.endpoint
             );
         }
@@ -458,6 +458,13 @@ pub struct SentinelConfig {
     pub max_training_samples: usize,
     /// Model prefill and mixed iterations too.
     pub alert_on_prefill: bool,
+    /// Healthy iterations whose median observed/predicted ratio scales the predictions (0:
+    /// off).
+    #[serde(default)]
+    pub recalibrate_over: usize,
+    /// Bound of that scale.
+    #[serde(default = "recalibrate_max")]
+    pub recalibrate_max: f64,
     /// Keep the GPU plane attached to engine processes with CUPTI loaded, for per-iteration
     /// GPU busy time, launch latency and void share (absent: on).
     #[serde(default = "on")]
@@ -466,6 +473,10 @@ pub struct SentinelConfig {
 
 fn on() -> bool {
     true
+}
+
+fn recalibrate_max() -> f64 {
+    0.2
 }
 
 fn probe_lease() -> Duration {
@@ -506,6 +517,8 @@ impl SentinelConfig {
             refit_every: self.refit_every,
             max_training_samples: self.max_training_samples,
             alert_on_prefill: self.alert_on_prefill,
+            recalibrate_over: self.recalibrate_over,
+            recalibrate_max: self.recalibrate_max,
         }
     }
 }

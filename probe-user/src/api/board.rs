@@ -36,6 +36,8 @@ pub struct EngineStatus {
     pub model_mape_pct: Option<f64>,
     /// The UCL in force.
     pub ucl: Option<f64>,
+    /// The factor the model's predictions are scaled by ([sentinel] recalibrate_over).
+    pub recalibration: Option<f64>,
     /// Iterations by stage.
     pub iterations: BTreeMap<String, u64>,
     /// Probe records lost.

@@ -288,6 +288,7 @@ impl Engine {
             model_samples: b.map(|b| b.samples),
             model_mape_pct: b.map(|b| b.oof_accuracy.mape_pct),
             ucl: b.map(|b| b.ucl.limit),
+            recalibration: b.map(|_| self.sentinel.recalibration()),
             iterations: self.counts.clone(),
             lost_records: self.lost.total(),
             anomaly_active: self.sentinel.alerting(),
