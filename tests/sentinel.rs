@@ -128,6 +128,13 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
         a["iterations"].as_u64().unwrap() > 1,
         "the alert's iteration count does not grow: {a}"
     );
+    // The hog stretches every step: the alert's iterations together ran slower than predicted
+    // by more than the UCL's ratio 1 / (1 − UCL), and it is still open.
+    let ucl = a["ucl"].as_f64().unwrap();
+    assert!(
+        a["slowdown"].as_f64().unwrap() > 1.0 / (1.0 - ucl) && a["lasted_ms"].is_null(),
+        "{a}"
+    );
     // The hog stays until the capture is written: its window opens only after the capture's
     // setup, whose length depends on the machine.
     let dive = d.deep_dive_done();
@@ -173,7 +180,13 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(events[0]["event"], "alert_start");
-    assert!(events.iter().any(|e| e["event"] == "alert_end"), "{log}");
+    let end = events
+        .iter()
+        .find(|e| e["event"] == "alert_end")
+        .unwrap_or_else(|| panic!("no alert_end in {log}"));
+    let lasted = end["lasted_ms"].as_u64().unwrap();
+    let span = end["ended_unix_ms"].as_u64().unwrap() - end["started_unix_ms"].as_u64().unwrap();
+    assert_eq!(lasted, span, "{end}");
     assert!(d.stop().success(), "{}", d.log());
     // The export has every iteration in the LatencyPrism schema: `stallscope fit` reads it.
     let csv = std::fs::read_to_string(dir.join("iterations.csv")).unwrap();

@@ -51,6 +51,11 @@ pub struct Alert {
     pub ended_unix_ms: Option<u64>,
     /// Modelled iterations while it was open.
     pub iterations: u64,
+    /// How much slower than predicted those iterations ran: the sum of their durations over
+    /// the sum of their predictions (1.3: 30 % slower).
+    pub slowdown: f64,
+    /// How long it lasted, ms (once it ended).
+    pub lasted_ms: Option<u64>,
 }
 
 /// An alert's severity, from the moving mean of E = 1 − predicted/actual that raised it.

@@ -89,7 +89,7 @@ pub fn alert_record(logger: &SdkLogger, event: &str, a: &Alert) {
         }
     }
     let w = &a.workload;
-    let numbers: [(&'static str, f64); 10] = [
+    let numbers: [(&'static str, f64); 11] = [
         ("stallscope.alert.moving_mean", a.moving_mean),
         ("stallscope.alert.ucl", a.ucl),
         (
@@ -103,6 +103,7 @@ pub fn alert_record(logger: &SdkLogger, event: &str, a: &Alert) {
         ("stallscope.workload.output_len", w.output_len),
         ("stallscope.workload.tokens", w.tokens),
         ("stallscope.alert.iterations", a.iterations as f64),
+        ("stallscope.alert.slowdown", a.slowdown),
     ];
     for (k, v) in numbers {
         r.add_attribute(k, v);

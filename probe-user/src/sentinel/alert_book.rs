@@ -21,6 +21,9 @@ pub struct AlertBook {
     identity: Identity,
     labels: ProcessLabels,
     open: Option<Alert>,
+    /// The open alert's iterations: their durations and predictions summed, µs.
+    observed_us: f64,
+    predicted_us: f64,
     /// Id of an alert that started since the daemon last looked.
     new: Option<u64>,
 }
@@ -32,6 +35,8 @@ impl AlertBook {
             identity,
             labels,
             open: None,
+            observed_us: 0.0,
+            predicted_us: 0.0,
             new: None,
         }
     }
@@ -40,10 +45,11 @@ impl AlertBook {
     pub fn observe(&mut self, it: &Iteration, v: &Verdict, decided_ns: u64, shared: &Shared) {
         let m = &shared.metrics;
         let pid = self.labels.with(&[]);
-        if v.predicted_us.is_some() && v.error.is_some() {
-            if let Some(a) = &mut self.open {
-                a.iterations += 1;
-            }
+        if let (Some(predicted), Some(_), Some(a)) = (v.predicted_us, v.error, &mut self.open) {
+            a.iterations += 1;
+            self.observed_us += it.duration_us();
+            self.predicted_us += predicted;
+            a.slowdown = self.observed_us / self.predicted_us.max(1.0);
         }
         if v.alert_started {
             let alert = Alert {
@@ -62,7 +68,11 @@ impl AlertBook {
                 severity: Severity::of(v.moving_mean.unwrap_or_default()),
                 ended_unix_ms: None,
                 iterations: 1,
+                slowdown: it.duration_us() / v.predicted_us.unwrap_or_default().max(1.0),
+                lasted_ms: None,
             };
+            self.observed_us = it.duration_us();
+            self.predicted_us = v.predicted_us.unwrap_or_default();
             warn!(
                 "engine {}: ALERT decode iterations {:.0}% slower than the baseline predicts (moving mean of E {:.3} > UCL {:.3})",
                 self.pid,
@@ -78,10 +88,16 @@ impl AlertBook {
         }
         if v.alert_ended {
             if let Some(mut a) = self.open.take() {
-                a.ended_unix_ms = Some(unix_ms());
+                let now = unix_ms();
+                a.ended_unix_ms = Some(now);
+                a.lasted_ms = Some(now.saturating_sub(a.started_unix_ms));
                 info!(
-                    "engine {}: alert {} ended after {} iterations",
-                    self.pid, a.id, a.iterations
+                    "engine {}: alert {} ended after {} iterations, {:.0?} at {:.2} x the predicted time",
+                    self.pid,
+                    a.id,
+                    a.iterations,
+                    std::time::Duration::from_millis(a.lasted_ms.unwrap_or_default()),
+                    a.slowdown
                 );
                 shared.alerts.event("alert_end", &a);
             }
