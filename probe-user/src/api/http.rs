@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::{
-    api::{alertmanager, state::Shared},
+    api::{alertmanager, board::EngineStatus, state::Shared},
     config::{DeepDiveConfig, FleetConfig, MAX_WINDOW},
     deep_dive::registry::Refusal,
 };
@@ -263,10 +263,12 @@ async fn alertmanager_webhook(
     // The groups of this node's engines ([fleet] group, or each engine's pod label).
     let label = &app.fleet.group_label;
     let statuses = app.shared.engines.statuses();
-    let groups: std::collections::BTreeSet<String> = statuses
+    let placed: Vec<(&EngineStatus, String)> = statuses
         .iter()
-        .filter_map(|s| app.fleet.group_of(&s.identity))
+        .filter_map(|s| Some((s, app.fleet.group_of(&s.identity)?)))
         .collect();
+    let groups: std::collections::BTreeSet<String> =
+        placed.iter().map(|(_, g)| g.clone()).collect();
     let firing = alertmanager::firing_for(&message, label, &groups);
     let Some(first) = firing.first() else {
         let reason = if statuses.is_empty() {
@@ -280,9 +282,10 @@ async fn alertmanager_webhook(
     };
     let group = first.labels[label.as_str()].as_str();
     // The group's engine the alert names by its pod, else the group's first on this node.
-    let members: Vec<_> = statuses
+    let members: Vec<&EngineStatus> = placed
         .iter()
-        .filter(|s| app.fleet.group_of(&s.identity).as_deref() == Some(group))
+        .filter(|(_, g)| g == group)
+        .map(|(s, _)| *s)
         .collect();
     let pod = firing.iter().find_map(|a| a.labels.get("pod"));
     let engine = members

@@ -111,8 +111,9 @@ pub struct Metrics {
     pub store_dropped: IntCounter,
     /// Failed store requests (each retried).
     pub store_failures: IntCounter,
-    /// This node's serving group, as a label (1 when `[fleet] group` is set): Prometheus rules
-    /// join a node's alerts to its group through it.
+    /// Each serving group of this node's engines (`[fleet] group`, or each engine's pod
+    /// label), as a label of a series at 1: Prometheus rules join a node's alerts to its
+    /// groups through it.
     pub fleet_group: IntGaugeVec,
 }
 
@@ -203,7 +204,7 @@ impl Metrics {
             store_uploaded: reg(r, IntCounter::with_opts(opts("store_uploaded_total", "Deep dives uploaded to the shared store")).unwrap()),
             store_dropped: reg(r, IntCounter::with_opts(opts("store_dropped_total", "Deep dives not uploaded to the shared store (queue full while it was slow or down, or waiting at shutdown)")).unwrap()),
             store_failures: reg(r, IntCounter::with_opts(opts("store_failures_total", "Failed requests to the shared store (retried)")).unwrap()),
-            fleet_group: reg(r, IntGaugeVec::new(opts("fleet_group_info", "This node's serving group ([fleet] group) and name ([fleet] node)"), &["serving_group", "node"]).unwrap()),
+            fleet_group: reg(r, IntGaugeVec::new(opts("fleet_group_info", "1 per serving group of this node's engines ([fleet] group or group_pod_label), with this node's name ([fleet] node)"), &["serving_group", "node"]).unwrap()),
             registry,
         }
     }

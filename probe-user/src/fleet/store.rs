@@ -98,6 +98,12 @@ impl Store {
     /// Every key under `rel_prefix`, relative to this deployment's prefix, in key order.
     pub fn list(&self, rel_prefix: &str) -> Result<Vec<String>> {
         let prefix = self.key(rel_prefix);
+        // Keys come back whole: this deployment's prefix and its slash are cut off.
+        let strip = if self.prefix.is_empty() {
+            0
+        } else {
+            self.prefix.len() + 1
+        };
         let mut keys = Vec::new();
         let mut token: Option<String> = None;
         loop {
@@ -111,11 +117,6 @@ impl Store {
             let text = String::from_utf8_lossy(&body);
             let page = ListObjectsV2::parse_response(&text)
                 .with_context(|| format!("the store's listing of {prefix} is not S3's"))?;
-            let strip = if self.prefix.is_empty() {
-                0
-            } else {
-                self.prefix.len() + 1
-            };
             keys.extend(
                 page.contents
                     .into_iter()

@@ -151,12 +151,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
             if let Some(out) = &mut export {
                 let _ = out.flush();
             }
-            if let Some(o) = &otlp {
-                daemon.export_deep_dives(o);
-            }
-            if let Some(s) = &mut store {
-                daemon.upload_deep_dives(s);
-            }
+            daemon.hand_over_deep_dives(otlp.as_deref(), store.as_mut());
             daemon.show_groups(&node);
         }
         daemon.mark.enter(Phase::Idle);
@@ -171,12 +166,11 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
     if let Some(out) = &mut export {
         out.flush()?;
     }
+    daemon.hand_over_deep_dives(otlp.as_deref(), store.as_mut());
     if let Some(o) = otlp {
-        daemon.export_deep_dives(&o);
         o.shutdown();
     }
     if let Some(mut s) = store {
-        daemon.upload_deep_dives(&mut s);
         s.shutdown();
     }
     drop(plane);
@@ -221,18 +215,26 @@ impl Daemon<'_> {
         self.engines.extend(attached);
     }
 
-    /// Exports the deep dives that finished since the last call, each named by its engine.
-    fn export_deep_dives(&mut self, otlp: &Otlp) {
-        let records = self.deep_dive_records();
-        otlp.deep_dives(&records, |pid| {
-            self.identities.get(pid).map(|p| p.identity.clone())
-        });
-    }
-
-    /// Every kept deep-dive record.
-    fn deep_dive_records(&self) -> Vec<crate::deep_dive::registry::Record> {
-        let registry = self.shared.deep_dive.registry.lock();
-        registry.expect("registry lock").records()
+    /// Hands the deep dives that finished since the last call to the OTLP export (a span
+    /// each, named by its engine) and to the store's upload thread (its alerts date the
+    /// engine's slowdown), reading the records once for both.
+    fn hand_over_deep_dives(&mut self, otlp: Option<&Otlp>, store: Option<&mut Uploader>) {
+        if otlp.is_none() && store.is_none() {
+            return;
+        }
+        let records = self.shared.deep_dive.registry.lock();
+        let records = records.expect("registry lock").records();
+        if let Some(o) = otlp {
+            o.deep_dives(&records, |pid| {
+                self.identities.get(pid).map(|p| p.identity.clone())
+            });
+        }
+        if let Some(s) = store {
+            let alerts = self.shared.alerts.recent();
+            s.deep_dives(&records, &alerts, |pid| {
+                self.identities.get(pid).and_then(|p| p.identity.short())
+            });
+        }
     }
 
     /// Says this node's serving groups (those of its engines) in stallscope_fleet_group_info.
@@ -254,15 +256,6 @@ impl Daemon<'_> {
             m.with_label_values(&[g.as_str(), node]).set(1);
         }
         self.groups_shown = groups;
-    }
-
-    /// Hands the deep dives that finished since the last call to the store's upload thread.
-    fn upload_deep_dives(&mut self, store: &mut Uploader) {
-        let records = self.deep_dive_records();
-        let alerts = self.shared.alerts.recent();
-        store.deep_dives(&records, &alerts, |pid| {
-            self.identities.get(pid).and_then(|p| p.identity.short())
-        });
     }
 
     /// Detaches an engine and removes its status and series.
