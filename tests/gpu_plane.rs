@@ -183,6 +183,7 @@ fn traces_a_live_process_and_gives_everything_back() {
     let (kernels, pairs) = kernel_calls(&d, t.pid());
     assert!(kernels > 200);
     assert_eq!(pairs.len(), kernels, "every kernel's flow starts at a call");
+    assert_eq!(queries(&d), 0, "cudaGetDevice records were kept");
     let launches = t.launches.lock().unwrap();
     let mut worst_ns = 0u64;
     for (k, call) in &pairs {
@@ -252,6 +253,15 @@ fn kernel_calls(d: &perfetto_writer::read::Decoded, tid: u32) -> (usize, Vec<(&S
         .filter_map(|k| k.flows.iter().find_map(|f| calls.get(f)).map(|c| (*k, *c)))
         .collect();
     (kernels.len(), pairs)
+}
+
+/// API slices of `cudaGetDevice`, which the stand-in records before each launch unless told
+/// not to (the agent turns such queries off).
+fn queries(d: &perfetto_writer::read::Decoded) -> usize {
+    d.slices
+        .iter()
+        .filter(|s| s.name == "cudaGetDevice" || s.name == "cuda runtime #17")
+        .count()
 }
 
 #[test]
@@ -451,7 +461,9 @@ fn older_cupti_and_drivers_that_cannot_share_are_traced_alone() {
         ),
     ] {
         let t = Target::start("gpu-alone", None, &[env]);
-        let out = gpu(t.pid(), &[]);
+        let dir = tmpdir("gpu-alone-out");
+        let trace = dir.join("gpu.pftrace");
+        let out = gpu(t.pid(), &["-o", trace.to_str().unwrap()]);
         assert!(
             out.status.success(),
             "{env:?}: {}",
@@ -462,6 +474,13 @@ fn older_cupti_and_drivers_that_cannot_share_are_traced_alone() {
         assert_eq!(r["subscription"], mode, "{r}");
         assert!(r["summary"]["kernels"].as_u64().unwrap() > 200, "{r}");
         assert_eq!(r["summary"]["correlated_pct"], 100.0, "{r}");
+        // API records carry the kernel's thread ids (the launch calls sit on the target's
+        // main thread) and none of the per-launch queries.
+        let d = perfetto_writer::read::decode(&std::fs::read(&trace).unwrap()).unwrap();
+        let (kernels, pairs) = kernel_calls(&d, t.pid());
+        assert_eq!(pairs.len(), kernels, "{env:?}");
+        assert_eq!(queries(&d), 0, "{env:?}: cudaGetDevice records were kept");
+        // Bit 5 of the state: CUPTI's process-wide thread id setting was put back.
         assert_eq!(t.state_after(Duration::from_millis(300)), 0, "{env:?}");
         nothing_left(&t);
     }

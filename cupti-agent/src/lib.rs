@@ -7,7 +7,8 @@
 //! process's own libcupti, subscribes (sharing CUPTI with other tools where CUPTI >= 13.3
 //! can; a slot held by a tool that does not share is reported, never fought), enables
 //! kernel, memcpy, memset, runtime/driver API, synchronization and external-correlation
-//! records, and forwards them through the channel with clock calibration samples. When the
+//! records (API records with the kernel's thread ids, and none for the queries that do no GPU
+//! work: `QUIET_RUNTIME_API`, `QUIET_DRIVER_API`), and forwards them through the channel with clock calibration samples. When the
 //! daemon asks to detach, or stops beating for 30 s, it disables, flushes and unsubscribes
 //! (and finalizes CUPTI unless it shares it), then ends, after which the library can be
 //! unloaded. Nothing here panics across FFI: every entry point catches unwinds.
@@ -26,7 +27,7 @@ use cupti_sys::{
     kind,
     library::Cupti,
     subscription::{self, Subscription},
-    FLUSH_FORCED,
+    FLUSH_FORCED, QUIET_DRIVER_API, QUIET_RUNTIME_API,
 };
 use sys_util::clock::monotonic_ns;
 
@@ -124,11 +125,15 @@ fn trace(channel: &Channel) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     channel.set_subscription(sub.mode().code());
     forward::install(sub.reader(), channel);
+    let thread_ids = sub.use_system_thread_ids();
     let mut enabled = Vec::new();
     let outcome = run(&cupti, &sub, channel, &mut enabled);
     // Give everything back, whatever happened.
     for k in enabled.iter().rev() {
         sub.disable(*k);
+    }
+    if let Some(previous) = thread_ids {
+        sub.restore_thread_ids(previous);
     }
     // SAFETY: documented signature; the forced flush delivers the last buffers to us.
     unsafe { (cupti.activity_flush_all)(FLUSH_FORCED) };
@@ -155,6 +160,8 @@ fn run(
             Err(_) => {}
         }
     }
+    let ids = |t: &[(u32, &str)]| t.iter().map(|(id, _)| *id).collect::<Vec<_>>();
+    sub.quiet(&ids(&QUIET_RUNTIME_API), &ids(&QUIET_DRIVER_API));
     channel.set_state(state::RUNNING);
     let mut last_clock: Option<Instant> = None;
     loop {

@@ -14,7 +14,7 @@
 //! `STALLSCOPE_STANDIN_NO_SHARING=1` plays a driver that cannot share CUPTI.
 
 use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
+    collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
     ffi::{c_char, c_void, CStr, CString},
     sync::{Mutex, MutexGuard, OnceLock},
 };
@@ -40,6 +40,8 @@ const MIN_BUFFER: usize = 256;
 const CBID_LAUNCH_KERNEL: u32 = 211;
 const CBID_MEMCPY_ASYNC: u32 = 41;
 const CBID_STREAM_SYNCHRONIZE: u32 = 131;
+/// `cudaGetDevice`, which PyTorch calls around every launch (a query: no GPU work).
+const CBID_GET_DEVICE: u32 = 17;
 /// Simulated launch latency: a kernel starts this long after its launch call returns.
 const LAUNCH_LATENCY_NS: u64 = 4_000;
 
@@ -136,6 +138,11 @@ struct State {
     /// When each stream's queue drains.
     busy_until: BTreeMap<u32, u64>,
     correlation: u32,
+    /// `CUpti_ActivityThreadIdType` of API records: 0 pthread_self() cut to 32 bits (CUPTI's
+    /// default on Linux), 1 gettid().
+    thread_id_type: u32,
+    /// Runtime functions whose records are turned off (`cuptiActivityEnableRuntimeApi`).
+    quiet: BTreeSet<u32>,
 }
 
 // SAFETY: the buffer pointer is owned by whoever holds the lock.
@@ -153,6 +160,8 @@ static STATE: Mutex<State> = Mutex::new(State {
     pending: VecDeque::new(),
     busy_until: BTreeMap::new(),
     correlation: 0,
+    thread_id_type: 0,
+    quiet: BTreeSet::new(),
 });
 
 fn state() -> MutexGuard<'static, State> {
@@ -249,9 +258,15 @@ impl State {
     }
 
     fn api(&mut self, cbid: u32, start: u64, correlation_id: u32, done: &mut Completed) {
-        if self.on(kind::RUNTIME) {
-            // SAFETY: getpid/gettid cannot fail.
-            let (pid, tid) = unsafe { (libc::getpid() as u32, libc::gettid() as u32) };
+        if self.on(kind::RUNTIME) && !self.quiet.contains(&cbid) {
+            // SAFETY: getpid/gettid/pthread_self cannot fail.
+            let (pid, tid) = unsafe {
+                let tid = match self.thread_id_type {
+                    1 => libc::gettid() as u32,
+                    _ => libc::pthread_self() as u32,
+                };
+                (libc::getpid() as u32, tid)
+            };
             let a = Activity::Api(Api {
                 domain: ApiDomain::Runtime,
                 cbid,
@@ -431,6 +446,8 @@ pub extern "C" fn cuptiUnsubscribe(_handle: *mut c_void) -> CuptiResult {
         Subscribed::PerSubscriber(_) => {
             s.callbacks = None;
             s.enabled = 0;
+            s.thread_id_type = 0;
+            s.quiet.clear();
         }
         Subscribed::Classic => {}
     }
@@ -525,7 +542,12 @@ pub extern "C" fn cuptiActivityEnable(k: u32) -> CuptiResult {
     if k >= 64 {
         return INVALID_KIND;
     }
-    state().enabled |= 1 << k;
+    let mut s = state();
+    s.enabled |= 1 << k;
+    // Enabling the kind turns each of its functions back on.
+    if k == kind::RUNTIME {
+        s.quiet.clear();
+    }
     result::SUCCESS
 }
 
@@ -623,6 +645,104 @@ pub extern "C" fn cuptiFinalize() -> CuptiResult {
     result::SUCCESS
 }
 
+/// `cuptiGetThreadIdType` (refused once CUPTI is shared, as CUPTI documents).
+#[no_mangle]
+///
+/// # Safety
+/// Pointer arguments as CUPTI documents them: valid for the accesses the call makes.
+pub unsafe extern "C" fn cuptiGetThreadIdType(t: *mut u32) -> CuptiResult {
+    let s = state();
+    if t.is_null() {
+        return result::INVALID_PARAMETER;
+    }
+    if s.subscribed == Subscribed::PerSubscriber(true) {
+        return result::MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+    }
+    *t = s.thread_id_type;
+    result::SUCCESS
+}
+
+/// `cuptiSetThreadIdType` (as above).
+#[no_mangle]
+pub extern "C" fn cuptiSetThreadIdType(t: u32) -> CuptiResult {
+    let mut s = state();
+    if t > 1 {
+        return result::INVALID_PARAMETER;
+    }
+    if s.subscribed == Subscribed::PerSubscriber(true) {
+        return result::MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+    }
+    s.thread_id_type = t;
+    result::SUCCESS
+}
+
+/// `cuptiActivityEnableRuntimeApi`.
+#[no_mangle]
+pub extern "C" fn cuptiActivityEnableRuntimeApi(cbid: u32, enable: u8) -> CuptiResult {
+    let mut s = state();
+    if enable == 0 {
+        s.quiet.insert(cbid);
+    } else {
+        s.quiet.remove(&cbid);
+    }
+    result::SUCCESS
+}
+
+/// `cuptiActivityEnableDriverApi` (the stand-in makes no driver records).
+#[no_mangle]
+pub extern "C" fn cuptiActivityEnableDriverApi(_cbid: u32, _enable: u8) -> CuptiResult {
+    result::SUCCESS
+}
+
+/// `cuptiActivityEnableRuntimeApi_v2`.
+#[no_mangle]
+pub extern "C" fn cuptiActivityEnableRuntimeApi_v2(
+    handle: *mut c_void,
+    cbid: u32,
+    enable: u8,
+) -> CuptiResult {
+    for_subscriber(handle, || cuptiActivityEnableRuntimeApi(cbid, enable))
+}
+
+/// `cuptiActivityEnableDriverApi_v2`.
+#[no_mangle]
+pub extern "C" fn cuptiActivityEnableDriverApi_v2(
+    handle: *mut c_void,
+    cbid: u32,
+    enable: u8,
+) -> CuptiResult {
+    for_subscriber(handle, || cuptiActivityEnableDriverApi(cbid, enable))
+}
+
+/// `cuptiActivitySetAttribute_v2`: only `CUPTI_ACTIVITY_ATTR_THREAD_ID_TYPE`.
+#[no_mangle]
+///
+/// # Safety
+/// Pointer arguments as CUPTI documents them: valid for the accesses the call makes.
+pub unsafe extern "C" fn cuptiActivitySetAttribute_v2(
+    handle: *mut c_void,
+    attr: u32,
+    size: *mut usize,
+    value: *mut c_void,
+) -> CuptiResult {
+    if !ours(handle) {
+        return result::INVALID_PARAMETER;
+    }
+    if attr != cupti_sys::subscription::ATTR_THREAD_ID_TYPE
+        || size.is_null()
+        || *size != std::mem::size_of::<u32>()
+        || value.is_null()
+    {
+        return API_NOT_IMPLEMENTED;
+    }
+    let t = *value.cast::<u32>();
+    if t > 1 {
+        return result::INVALID_PARAMETER;
+    }
+    state().thread_id_type = t;
+    result::SUCCESS
+}
+
 // ---- test hooks ----
 
 /// Another tool named `name` holds the subscriber slot without sharing it (`hold` 1), holds
@@ -642,7 +762,8 @@ pub unsafe extern "C" fn stallscope_standin_hold(hold: i32, name: *const c_char)
 
 /// What CUPTI holds for our client now: bit 0 a subscriber, bit 1 registered callbacks, bit 2
 /// the subscriber shares CUPTI, bits 8.. the number of enabled kinds (0 once the client has
-/// given everything back); bit 4: another tool still holds its slot.
+/// given everything back); bit 4: another tool still holds its slot; bit 5: API records carry
+/// other thread ids than CUPTI's default.
 #[no_mangle]
 pub extern "C" fn stallscope_standin_state() -> u64 {
     let s = state();
@@ -650,6 +771,7 @@ pub extern "C" fn stallscope_standin_state() -> u64 {
         | u64::from(s.callbacks.is_some()) << 1
         | u64::from(s.subscribed == Subscribed::PerSubscriber(true)) << 2
         | u64::from(s.other.hold != 0) << 4
+        | u64::from(s.thread_id_type != 0) << 5
         | u64::from(s.enabled.count_ones()) << 8
 }
 
@@ -671,6 +793,8 @@ pub unsafe extern "C" fn stallscope_standin_launch(
     };
     let mut done = Vec::new();
     let mut s = state();
+    let query = s.next_correlation();
+    s.api(CBID_GET_DEVICE, t0, query, &mut done);
     let corr = s.next_correlation();
     s.api(CBID_LAUNCH_KERNEL, t0, corr, &mut done);
     let (start, end) = s.enqueue(stream, realtime_ns(), duration_ns);

@@ -63,6 +63,14 @@ pub struct Cupti {
         Option<unsafe extern "C" fn(*mut c_void, u32, *mut usize) -> CuptiResult>,
     /// `cuptiFinalize` (optional).
     pub finalize: Option<unsafe extern "C" fn() -> CuptiResult>,
+    /// `cuptiGetThreadIdType` (optional; process-wide, refused with multiple subscribers).
+    pub get_thread_id_type: Option<unsafe extern "C" fn(*mut u32) -> CuptiResult>,
+    /// `cuptiSetThreadIdType` (optional; as above).
+    pub set_thread_id_type: Option<unsafe extern "C" fn(u32) -> CuptiResult>,
+    /// `cuptiActivityEnableRuntimeApi` (optional, CUPTI 12.6+): (cbid, enable).
+    pub activity_enable_runtime_api: Option<unsafe extern "C" fn(u32, u8) -> CuptiResult>,
+    /// `cuptiActivityEnableDriverApi` (optional, CUPTI 12.6+): (cbid, enable).
+    pub activity_enable_driver_api: Option<unsafe extern "C" fn(u32, u8) -> CuptiResult>,
     /// The per-subscriber API, in a CUPTI that can share ([`MULTI_SUBSCRIBER_SINCE`]) and has
     /// every entry point of it.
     pub v2: Option<CuptiV2>,
@@ -94,6 +102,15 @@ pub struct CuptiV2 {
     /// `cuptiActivityGetNumDroppedRecords_v2` (optional): (subscriber, context, streamId, dropped).
     pub activity_get_num_dropped_records:
         Option<unsafe extern "C" fn(SubscriberHandle, *mut c_void, u32, *mut usize) -> CuptiResult>,
+    /// `cuptiActivitySetAttribute_v2` (optional): (subscriber, attribute, value size, value).
+    pub activity_set_attribute:
+        Option<unsafe extern "C" fn(SubscriberHandle, u32, *mut usize, *mut c_void) -> CuptiResult>,
+    /// `cuptiActivityEnableRuntimeApi_v2` (optional): (subscriber, cbid, enable).
+    pub activity_enable_runtime_api:
+        Option<unsafe extern "C" fn(SubscriberHandle, u32, u8) -> CuptiResult>,
+    /// `cuptiActivityEnableDriverApi_v2` (optional): (subscriber, cbid, enable).
+    pub activity_enable_driver_api:
+        Option<unsafe extern "C" fn(SubscriberHandle, u32, u8) -> CuptiResult>,
 }
 
 /// Why libcupti could not be used.
@@ -216,6 +233,9 @@ impl Cupti {
                 activity_register_callbacks: optional!("cuptiActivityRegisterCallbacks_v2")?,
                 activity_get_next_record: optional!("cuptiActivityGetNextRecord_v2")?,
                 activity_get_num_dropped_records: optional!("cuptiActivityGetNumDroppedRecords_v2"),
+                activity_set_attribute: optional!("cuptiActivitySetAttribute_v2"),
+                activity_enable_runtime_api: optional!("cuptiActivityEnableRuntimeApi_v2"),
+                activity_enable_driver_api: optional!("cuptiActivityEnableDriverApi_v2"),
             })
         })()
         .filter(|_| shares);
@@ -231,6 +251,10 @@ impl Cupti {
             get_version,
             activity_get_num_dropped_records: optional!("cuptiActivityGetNumDroppedRecords"),
             finalize: optional!("cuptiFinalize"),
+            get_thread_id_type: optional!("cuptiGetThreadIdType"),
+            set_thread_id_type: optional!("cuptiSetThreadIdType"),
+            activity_enable_runtime_api: optional!("cuptiActivityEnableRuntimeApi"),
+            activity_enable_driver_api: optional!("cuptiActivityEnableDriverApi"),
             v2,
             origin,
             was_mapped,

@@ -18,6 +18,11 @@ use crate::{
     result::{self, CuptiError, CuptiResult, MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED, SUCCESS},
 };
 
+/// `CUPTI_ACTIVITY_ATTR_THREAD_ID_TYPE`.
+pub const ATTR_THREAD_ID_TYPE: u32 = 21;
+/// `CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM`: gettid() on Linux.
+pub const THREAD_ID_TYPE_SYSTEM: u32 = 1;
+
 /// `CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN`: room for the name of the tool holding the slot.
 pub const OLD_SUBSCRIBER_NAME_MIN_LEN: usize = 64;
 
@@ -267,6 +272,84 @@ impl Subscription<'_> {
             },
             None => unsafe { (self.cupti.activity_disable)(kind) },
         }
+    }
+
+    /// Asks for the kernel's thread ids (gettid) in API records. CUPTI's default on Linux is
+    /// `pthread_self()` cut to 32 bits, which names no thread in /proc (seen on CUPTI 13.0:
+    /// API records of the main thread carried 98029888). Returns the process-wide setting to
+    /// put back with [`Self::restore_thread_ids`] (classic mode); a per-subscriber setting ends
+    /// with the subscriber. `None`: this CUPTI cannot be asked, ids stay CUPTI's.
+    pub fn use_system_thread_ids(&self) -> Option<u32> {
+        if let Some(api) = self.per_subscriber() {
+            let set = api.activity_set_attribute?;
+            let (mut size, mut value) = (std::mem::size_of::<u32>(), THREAD_ID_TYPE_SYSTEM);
+            // SAFETY: documented signature; both pointers outlive the call.
+            let r = unsafe {
+                set(
+                    self.handle.ptr(),
+                    ATTR_THREAD_ID_TYPE,
+                    &mut size,
+                    (&mut value as *mut u32).cast(),
+                )
+            };
+            return (r == SUCCESS).then_some(THREAD_ID_TYPE_SYSTEM);
+        }
+        let (get, set) = (
+            self.cupti.get_thread_id_type?,
+            self.cupti.set_thread_id_type?,
+        );
+        let mut previous = 0;
+        // SAFETY: documented signatures; `previous` outlives the call.
+        unsafe {
+            (get(&mut previous) == SUCCESS && set(THREAD_ID_TYPE_SYSTEM) == SUCCESS)
+                .then_some(previous)
+        }
+    }
+
+    /// Puts back the process-wide thread id setting [`Self::use_system_thread_ids`] replaced.
+    pub fn restore_thread_ids(&self, previous: u32) {
+        if self.per_subscriber().is_none() {
+            if let Some(set) = self.cupti.set_thread_id_type {
+                // SAFETY: documented signature.
+                unsafe { set(previous) };
+            }
+        }
+    }
+
+    /// Turns off the records of the API functions listed (callback ids), runtime and driver,
+    /// for this subscriber; how many were turned off. Call it after enabling the API kinds:
+    /// enabling a kind turns every one of its functions back on. Disabling the kind at detach
+    /// leaves nothing of it behind.
+    pub fn quiet(&self, runtime: &[u32], driver: &[u32]) -> usize {
+        let mut n = 0;
+        // SAFETY (each call): documented signatures, plain values.
+        match self.per_subscriber() {
+            Some(api) => {
+                for (f, ids) in [
+                    (api.activity_enable_runtime_api, runtime),
+                    (api.activity_enable_driver_api, driver),
+                ] {
+                    let Some(f) = f else { continue };
+                    n += ids
+                        .iter()
+                        .filter(|&&id| unsafe { f(self.handle.ptr(), id, 0) } == SUCCESS)
+                        .count();
+                }
+            }
+            None => {
+                for (f, ids) in [
+                    (self.cupti.activity_enable_runtime_api, runtime),
+                    (self.cupti.activity_enable_driver_api, driver),
+                ] {
+                    let Some(f) = f else { continue };
+                    n += ids
+                        .iter()
+                        .filter(|&&id| unsafe { f(id, 0) } == SUCCESS)
+                        .count();
+                }
+            }
+        }
+        n
     }
 
     /// What the buffer callbacks need to walk this subscriber's buffers.

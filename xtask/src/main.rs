@@ -52,7 +52,11 @@ enum Task {
     },
     /// The GPU plane on a real GPU (needs a driver and PyTorch; uses the built binaries):
     /// counts, correlation join rate, clock alignment, throughput cost, traces.
-    GpuCheck,
+    GpuCheck {
+        /// Where the report, traces and the daemon's state go (default target/gpu-check).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
     /// Build the daemon's container image (deploy/Containerfile) offline with buildah, from
     /// the release binary, the GPU agent builds and the libraries the binary loads.
     Image {
@@ -120,7 +124,7 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
-        Task::GpuCheck => gpu_check::run(),
+        Task::GpuCheck { out } => gpu_check::run(out),
         Task::Image { tag, check } => image::build(&tag, check),
         Task::Vllm { cmd } => vllm::run(cmd),
     }
@@ -149,10 +153,14 @@ fn vllm_end_to_end() -> Result<()> {
 
 /// The workspace root.
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let built = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("xtask is in the workspace")
-        .to_path_buf()
+        .expect("xtask is in the workspace");
+    // A prebuilt xtask carried to another machine (gpu-check) runs from the checkout's root.
+    match std::env::current_dir() {
+        Ok(cwd) if !built.exists() && cwd.join("xtask/Cargo.toml").exists() => cwd,
+        _ => built.to_path_buf(),
+    }
 }
 
 /// The release `stallscope` binary.
