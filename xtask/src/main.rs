@@ -56,6 +56,12 @@ enum Task {
         /// Where the report, traces and the daemon's state go (default target/gpu-check).
         #[arg(long)]
         out: Option<std::path::PathBuf>,
+        /// A/B rounds (detached, then attached) on each loop.
+        #[arg(long, default_value_t = 4)]
+        rounds: usize,
+        /// Only the A/B rounds (no deep dive, no sentinel).
+        #[arg(long)]
+        attach_only: bool,
     },
     /// Build the daemon's container image (deploy/Containerfile) offline with buildah, from
     /// the release binary, the GPU agent builds and the libraries the binary loads.
@@ -124,7 +130,11 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
-        Task::GpuCheck { out } => gpu_check::run(out),
+        Task::GpuCheck {
+            out,
+            rounds,
+            attach_only,
+        } => gpu_check::run(out, rounds, attach_only),
         Task::Image { tag, check } => image::build(&tag, check),
         Task::Vllm { cmd } => vllm::run(cmd),
     }

@@ -16,8 +16,6 @@ use super::decode_loop::{quantile, DecodeLoop};
 
 /// Length of each A and each B window.
 const WINDOW: Duration = Duration::from_secs(6);
-/// Rounds of (detached, attached).
-const ROUNDS: usize = 4;
 /// Attached time left out at each end of a B window (attach and detach themselves).
 const EDGE_NS: u64 = 1_500_000_000;
 
@@ -41,13 +39,13 @@ fn alignment_errors(trace: &Path, pid: u32, syncs: &[(u64, u64)]) -> Result<Vec<
     Ok(out)
 }
 
-/// Runs the rounds; the first round's trace stays in `out_dir` as `gpu.pftrace`.
-pub fn run(bin: &Path, target: &mut DecodeLoop, out_dir: &Path) -> Result<Value> {
+/// Runs `rounds` rounds; the first round's trace stays in `out_dir` as `gpu.pftrace`.
+pub fn run(bin: &Path, target: &mut DecodeLoop, out_dir: &Path, rounds: usize) -> Result<Value> {
     let pid = target.pid;
     let before = target.footprint();
     let (mut off, mut on) = (Vec::new(), Vec::new());
     let (mut reports, mut errors, mut footprints) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         let a = monotonic_ns();
         std::thread::sleep(WINDOW);
         off.push((a, monotonic_ns()));
@@ -118,7 +116,7 @@ pub fn run(bin: &Path, target: &mut DecodeLoop, out_dir: &Path) -> Result<Value>
             "p99": quantile(&errors, 0.99),
             "max": errors.last(),
         },
-        "tokens_per_s": {"detached": a, "attached": b, "windows": ROUNDS, "window_s": WINDOW.as_secs()},
+        "tokens_per_s": {"detached": a, "attached": b, "windows": rounds, "window_s": WINDOW.as_secs()},
         "overhead_pct": a.zip(b).map(|(a, b)| 100.0 * (a - b) / a),
         "overhead_pct_per_round": pairs,
         "lost_events": reports.iter().map(|r| r["lost_events"].clone()).collect::<Vec<_>>(),

@@ -217,8 +217,9 @@ fn goals(r: &Value) -> Value {
     Value::Array(g)
 }
 
-/// Runs the check; writes `<out>/report.json` and prints it.
-pub fn run(out: Option<PathBuf>) -> Result<()> {
+/// Runs the check; writes `<out>/report.json` and prints it. `rounds`: A/B rounds on each
+/// loop; `attach_only` skips the deep dive and the sentinel.
+pub fn run(out: Option<PathBuf>, rounds: usize, attach_only: bool) -> Result<()> {
     let bin = stallscope_bin();
     if !bin.exists() {
         bail!(
@@ -255,8 +256,10 @@ pub fn run(out: Option<PathBuf>) -> Result<()> {
         let dir = out_dir.join("llama");
         std::fs::create_dir_all(&dir)?;
         let mut r = json!({"workload": target.kind});
-        r["attach"] = phase("attach", || attach::run(&bin, &mut target, &dir));
-        r["deep_dive_cli"] = phase("deep-dive", || deep_dive(&bin, &target, &dir));
+        r["attach"] = phase("attach", || attach::run(&bin, &mut target, &dir, rounds));
+        if !attach_only {
+            r["deep_dive_cli"] = phase("deep-dive", || deep_dive(&bin, &target, &dir));
+        }
         r["alive_at_end"] = json!(target.alive());
         report["llama"] = r;
     }
@@ -270,12 +273,14 @@ pub fn run(out: Option<PathBuf>) -> Result<()> {
     let dir = out_dir.join("gemv");
     std::fs::create_dir_all(&dir)?;
     report["workload"] = json!(target.kind);
-    report["attach"] = phase("attach", || attach::run(&bin, &mut target, &dir));
-    let state = out_dir.join("sentinel");
-    std::fs::create_dir_all(&state)?;
-    report["sentinel"] = phase("sentinel", || {
-        sentinel::run(&bin, &mut target, &state, &python, !on_cpu)
-    });
+    report["attach"] = phase("attach", || attach::run(&bin, &mut target, &dir, rounds));
+    if !attach_only {
+        let state = out_dir.join("sentinel");
+        std::fs::create_dir_all(&state)?;
+        report["sentinel"] = phase("sentinel", || {
+            sentinel::run(&bin, &mut target, &state, &python, !on_cpu)
+        });
+    }
     report["loop_alive_at_end"] = json!(target.alive());
     report["goals"] = goals(&report);
     drop(target);
