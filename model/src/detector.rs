@@ -1,20 +1,41 @@
-//! Turns per-iteration errors into alerts: a trailing moving mean of E over W iterations
-//! compared with the UCL, with hysteresis so one alert covers one episode.
+//! Turns per-iteration errors into alerts: a trailing moving mean of E over a window compared
+//! with the UCL, with persistence before an alert opens and hysteresis so one alert covers
+//! one episode. The window and the persistence are counts of iterations or spans of time; in
+//! time they mean the same on an engine stepping every 20 ms and one stepping every 150 ms
+//! (counted in iterations, 10 and 5 are 0.2 s and 0.1 s on the first, 1.5 s and 0.75 s on the
+//! second, longer than many stalls).
 
 use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
+/// A length in the alert rule.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Span {
+    /// This many iterations.
+    Iterations(usize),
+    /// The iterations that ended within this many microseconds.
+    Micros(u64),
+}
+
+/// A time window never holds fewer iterations than this: a mean over one or two iterations of
+/// a slow engine is one iteration's noise.
+pub const MIN_TIME_WINDOW: usize = 3;
+
 /// Detector parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DetectorParams {
-    /// W: iterations in the moving mean.
-    pub window: usize,
-    /// An alert starts once the moving mean has been above the UCL for this many
-    /// consecutive iterations (1: at the first crossing).
-    pub start_after: usize,
-    /// An alert ends once the moving mean stays at or below `clear_ratio · UCL` ...
+    /// W: the moving mean's window.
+    pub window: Span,
+    /// An alert starts once the moving mean has stayed above the threshold for this long
+    /// (`Iterations(1)`: at the first crossing; in time, over at least two iterations).
+    pub start_after: Span,
+    /// The least slowdown (observed / predicted duration) an alert is worth: the threshold is
+    /// the larger of the UCL and this slowdown's E (1.0: the UCL alone).
+    pub min_slowdown: f64,
+    /// An alert ends once the moving mean stays at or below `clear_ratio · threshold` ...
     pub clear_ratio: f64,
     /// ... for this many consecutive iterations.
     pub clear_after: usize,
@@ -23,11 +44,20 @@ pub struct DetectorParams {
 impl Default for DetectorParams {
     fn default() -> Self {
         Self {
-            window: 10,
-            start_after: 5,
+            window: Span::Iterations(10),
+            start_after: Span::Iterations(5),
+            min_slowdown: 1.0,
             clear_ratio: 0.8,
             clear_after: 10,
         }
+    }
+}
+
+impl DetectorParams {
+    /// The threshold the moving mean is compared with, for a UCL: E = 1 − 1/slowdown is
+    /// the error of an iteration `slowdown` times its prediction.
+    pub fn threshold(&self, ucl: f64) -> f64 {
+        ucl.max(1.0 - 1.0 / self.min_slowdown.max(1.0))
     }
 }
 
@@ -46,12 +76,16 @@ pub enum Transition {
 #[derive(Debug, Clone)]
 pub struct Detector {
     params: DetectorParams,
-    window: VecDeque<f64>,
+    /// (end ns, E) of the iterations in the window.
+    window: VecDeque<(u64, f64)>,
     sum: f64,
+    /// Whether the window has covered its whole span once since the last reset.
+    full: bool,
     active: bool,
-    /// Consecutive iterations above the UCL (before an alert) or at or below the clear
-    /// level (during one).
-    above: usize,
+    /// Before an alert: the end and count of the iterations since the moving mean went
+    /// above the threshold.
+    above_since: Option<(u64, usize)>,
+    /// During one: consecutive iterations at or below the clear level.
     calm: usize,
 }
 
@@ -59,41 +93,78 @@ impl Detector {
     /// An idle detector.
     pub fn new(params: DetectorParams) -> Self {
         Self {
-            params: DetectorParams {
-                window: params.window.max(1),
-                ..params
-            },
-            window: VecDeque::with_capacity(params.window.max(1)),
+            params,
+            window: VecDeque::new(),
             sum: 0.0,
+            full: false,
             active: false,
-            above: 0,
+            above_since: None,
             calm: 0,
         }
     }
 
-    /// Adds one iteration's error; returns the moving mean (once the window is full) and
-    /// what changed.
-    pub fn push(&mut self, error: f64, ucl: f64) -> (Option<f64>, Transition) {
-        if self.window.len() == self.params.window {
-            self.sum -= self.window.pop_front().unwrap_or(0.0);
-        }
-        self.window.push_back(error);
+    /// Whether a sample must still be held back, as possibly part of an alert yet to start:
+    /// the oldest of `held` held samples ended at `first_end_ns`, the newest at `now_end_ns`,
+    /// and they still fit in the window or the persistence.
+    pub fn holds(&self, first_end_ns: u64, now_end_ns: u64, held: usize) -> bool {
+        let within = |span: Span| match span {
+            Span::Iterations(n) => held <= n.max(1),
+            Span::Micros(us) => now_end_ns.saturating_sub(first_end_ns) <= us * 1000,
+        };
+        within(self.params.window) || within(self.params.start_after)
+    }
+
+    /// Adds one iteration's error (the iteration ended at `end_ns`, CLOCK_MONOTONIC); returns
+    /// the moving mean (once the window has filled) and what changed.
+    pub fn push(&mut self, end_ns: u64, error: f64, ucl: f64) -> (Option<f64>, Transition) {
+        self.window.push_back((end_ns, error));
         self.sum += error;
-        if self.window.len() < self.params.window {
+        match self.params.window {
+            Span::Iterations(n) => {
+                let n = n.max(1);
+                while self.window.len() > n {
+                    self.sum -= self.window.pop_front().map_or(0.0, |x| x.1);
+                }
+                self.full |= self.window.len() == n;
+            }
+            Span::Micros(us) => {
+                let from = end_ns.saturating_sub(us * 1000);
+                while self.window.len() > MIN_TIME_WINDOW
+                    && self.window.front().is_some_and(|(t, _)| *t < from)
+                {
+                    self.sum -= self.window.pop_front().map_or(0.0, |x| x.1);
+                    self.full = true;
+                }
+                self.full |= self.window.len() >= MIN_TIME_WINDOW
+                    && self.window.front().is_some_and(|(t, _)| *t <= from);
+            }
+        }
+        if !self.full {
             return (None, Transition::None);
         }
         let mean = (self.sum / self.window.len() as f64).max(0.0);
+        let threshold = self.params.threshold(ucl);
         let t = if !self.active {
-            self.above = if mean > ucl { self.above + 1 } else { 0 };
-            if self.above >= self.params.start_after.max(1) {
-                self.active = true;
-                self.above = 0;
-                self.calm = 0;
-                Transition::Started
+            if mean > threshold {
+                let (since, n) = self.above_since.unwrap_or((end_ns, 0));
+                self.above_since = Some((since, n + 1));
+                let persisted = match self.params.start_after {
+                    Span::Iterations(k) => n + 1 >= k.max(1),
+                    Span::Micros(us) => n + 1 >= 2 && end_ns - since >= us * 1000,
+                };
+                if persisted {
+                    self.active = true;
+                    self.above_since = None;
+                    self.calm = 0;
+                    Transition::Started
+                } else {
+                    Transition::None
+                }
             } else {
+                self.above_since = None;
                 Transition::None
             }
-        } else if mean <= self.params.clear_ratio * ucl {
+        } else if mean <= self.params.clear_ratio * threshold {
             self.calm += 1;
             if self.calm >= self.params.clear_after {
                 self.active = false;
@@ -117,6 +188,7 @@ impl Detector {
     pub fn reset_window(&mut self) {
         self.window.clear();
         self.sum = 0.0;
+        self.full = false;
     }
 }
 
@@ -124,16 +196,97 @@ impl Detector {
 mod tests {
     use super::*;
 
+    /// The end of iteration `i` of an engine stepping every millisecond, ns.
+    fn ms(i: usize) -> u64 {
+        (i as u64 + 1) * 1_000_000
+    }
+
+    /// When a 2x slowdown of `stall_s` seconds starting at 10 s is alerted, and when the
+    /// alert ends, for an engine stepping every `step_ms` (E of a 2x iteration: 0.5; of a
+    /// healthy one: 0.02).
+    fn episode(params: DetectorParams, step_ms: u64, stall_s: f64) -> (Option<f64>, Option<f64>) {
+        let mut d = Detector::new(params);
+        let (mut started, mut ended) = (None, None);
+        let mut t_ms = 0;
+        while t_ms < 30_000 {
+            let slow = (10_000.0..10_000.0 + stall_s * 1000.0).contains(&(t_ms as f64));
+            t_ms += if slow { 2 * step_ms } else { step_ms };
+            let e = if slow { 0.5 } else { 0.02 };
+            match d.push(t_ms * 1_000_000, e, 0.15).1 {
+                Transition::Started => started = started.or(Some(t_ms as f64 / 1000.0 - 10.0)),
+                Transition::Ended => ended = ended.or(Some(t_ms as f64 / 1000.0 - 10.0)),
+                Transition::None => {}
+            }
+        }
+        (started, ended)
+    }
+
+    #[test]
+    fn spans_in_time_mean_the_same_at_any_step_time() {
+        let time = DetectorParams {
+            window: Span::Micros(250_000),
+            start_after: Span::Micros(125_000),
+            ..DetectorParams::default()
+        };
+        // (step ms, stall s): a 1 s stall at 20 ms and at 150 ms steps.
+        for (step, stall) in [(20, 1.0), (25, 1.0), (150, 1.0), (150, 0.6)] {
+            let (started, ended) = episode(time, step, stall);
+            let started = started.unwrap_or_else(|| panic!("{step} ms steps: no alert"));
+            // Within the persistence, one window and two slow steps of the stall's start.
+            assert!(
+                started <= 0.125 + 0.25 + 2.0 * 2.0 * step as f64 / 1000.0,
+                "{step} ms steps: alert {started} s after the stall began"
+            );
+            assert!(ended.unwrap() > started, "{step} ms steps");
+        }
+        // In iterations (10 and 5) the 150 ms engine's 0.6 s stall is over before the rule
+        // can see it.
+        assert_eq!(episode(DetectorParams::default(), 150, 0.6).0, None);
+    }
+
+    #[test]
+    fn a_time_window_keeps_three_iterations_and_persistence_two() {
+        let mut d = Detector::new(DetectorParams {
+            window: Span::Micros(100_000),
+            start_after: Span::Micros(1),
+            ..DetectorParams::default()
+        });
+        // One 1 s step after another: the window never drops below 3 iterations.
+        assert_eq!(d.push(1_000_000_000, 0.9, 0.15), (None, Transition::None));
+        assert_eq!(d.push(2_000_000_000, 0.9, 0.15), (None, Transition::None));
+        let (mean, t) = d.push(3_000_000_000, 0.0, 0.15);
+        assert!((mean.unwrap() - 0.6).abs() < 1e-9);
+        // The first crossing alone does not start an alert; the second does.
+        assert_eq!(t, Transition::None);
+        assert_eq!(d.push(4_000_000_000, 0.9, 0.15).1, Transition::Started);
+    }
+
+    #[test]
+    fn min_slowdown_raises_the_threshold_above_the_ucl() {
+        let p = DetectorParams {
+            min_slowdown: 1.25,
+            ..DetectorParams::default()
+        };
+        assert!((p.threshold(0.15) - 0.2).abs() < 1e-12);
+        assert_eq!(p.threshold(0.3), 0.3);
+        assert_eq!(DetectorParams::default().threshold(0.15), 0.15);
+        // A steady 1.2x (E 0.167) crosses a 0.15 UCL but not a 1.25x floor.
+        let mut d = Detector::new(p);
+        assert!((0..100).all(|i| d.push(ms(i), 1.0 - 1.0 / 1.2, 0.15).1 == Transition::None));
+        let mut d = Detector::new(DetectorParams::default());
+        assert!((0..100).any(|i| d.push(ms(i), 1.0 - 1.0 / 1.2, 0.15).1 == Transition::Started));
+    }
+
     #[test]
     fn starts_once_and_ends_after_calm() {
         let mut d = Detector::new(DetectorParams {
-            start_after: 1,
+            start_after: Span::Iterations(1),
             ..DetectorParams::default()
         });
         let mut events = Vec::new();
         let series = [0.01; 20].into_iter().chain([0.6; 15]).chain([0.0; 40]);
         for (i, e) in series.enumerate() {
-            let (_, t) = d.push(e, 0.1);
+            let (_, t) = d.push(ms(i), e, 0.1);
             if t != Transition::None {
                 events.push((i, t));
             }
@@ -149,25 +302,30 @@ mod tests {
     #[test]
     fn no_mean_before_the_window_fills_and_a_short_crossing_is_ignored() {
         let mut d = Detector::new(DetectorParams::default());
-        for _ in 0..9 {
-            assert_eq!(d.push(1.0, 0.1), (None, Transition::None));
+        for i in 0..9 {
+            assert_eq!(d.push(ms(i), 1.0, 0.1), (None, Transition::None));
         }
         // Above the UCL from the 10th value on: the 5th consecutive crossing starts the alert.
-        for _ in 0..4 {
-            assert_eq!(d.push(1.0, 0.1).1, Transition::None);
+        for i in 9..13 {
+            assert_eq!(d.push(ms(i), 1.0, 0.1).1, Transition::None);
         }
-        assert_eq!(d.push(1.0, 0.1).1, Transition::Started);
+        assert_eq!(d.push(ms(13), 1.0, 0.1).1, Transition::Started);
         assert!(d.active());
         // A crossing shorter than start_after never alerts (W = 1: the mean is the value).
         let mut d = Detector::new(DetectorParams {
-            window: 1,
+            window: Span::Iterations(1),
             ..DetectorParams::default()
         });
         let series = [0.0; 3].into_iter().chain([0.5; 4]).chain([0.0; 5]);
         assert!(series
-            .map(|e| d.push(e, 0.15).1)
+            .enumerate()
+            .map(|(i, e)| d.push(ms(i), e, 0.15).1)
             .all(|t| t == Transition::None));
-        let t: Vec<Transition> = [0.5; 5].into_iter().map(|e| d.push(e, 0.15).1).collect();
+        let t: Vec<Transition> = [0.5; 5]
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| d.push(ms(20 + i), e, 0.15).1)
+            .collect();
         assert_eq!(t[4], Transition::Started);
     }
 }

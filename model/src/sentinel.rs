@@ -115,7 +115,7 @@ pub struct Sentinel {
     /// Recent healthy samples (with the model's uncalibrated prediction) held back for one
     /// window: if an alert starts, they were probably already abnormal and never reach the
     /// training set or the recalibration.
-    pending: VecDeque<(Sample, f64)>,
+    pending: VecDeque<(Sample, f64, u64)>,
     recalibration: Recalibration,
     since_fit: usize,
     /// Samples the current model was fitted on.
@@ -169,14 +169,16 @@ impl Sentinel {
         let predicted = raw * self.recalibration.factor();
         let error = positive_error(sample.duration_us, predicted, b.epsilon_us);
         let ucl = b.ucl.limit;
-        let (moving_mean, t) = self.detector.push(error, ucl);
+        let (moving_mean, t) = self.detector.push(it.end_ns, error, ucl);
         if t == Transition::Started {
             self.pending.clear();
         }
         if !self.detector.active() {
-            self.pending.push_back((sample, raw));
-            while self.pending.len() > self.params.detector.window {
-                let (s, raw) = self.pending.pop_front().expect("non-empty");
+            self.pending.push_back((sample, raw, it.end_ns));
+            while self.pending.front().is_some_and(|(_, _, first)| {
+                !self.detector.holds(*first, it.end_ns, self.pending.len())
+            }) {
+                let (s, raw, _) = self.pending.pop_front().expect("non-empty");
                 self.recalibration.push(s.duration_us, raw);
                 self.add_training(s);
             }
@@ -185,7 +187,7 @@ impl Sentinel {
             predicted_us: Some(predicted),
             error: Some(error),
             moving_mean,
-            ucl: Some(ucl),
+            ucl: Some(self.params.detector.threshold(ucl)),
             alert_started: t == Transition::Started,
             alert_ended: t == Transition::Ended,
         }

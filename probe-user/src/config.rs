@@ -3,7 +3,11 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context, Result};
-use model::{baseline::BaselineParams, detector::DetectorParams, SentinelParams};
+use model::{
+    baseline::BaselineParams,
+    detector::{DetectorParams, Span},
+    SentinelParams,
+};
 use serde::Deserialize;
 
 /// The embedded default configuration.
@@ -446,10 +450,17 @@ pub struct SentinelConfig {
     pub theta_min: f64,
     /// k.
     pub k_sigma: f64,
-    /// W.
-    pub window: usize,
-    /// Consecutive iterations above the UCL before an alert starts.
-    pub start_after: usize,
+    /// W: a count of iterations (`10`) or a time (`"250ms"`).
+    #[serde(with = "span_text")]
+    pub window: Span,
+    /// How long the moving mean stays above the threshold before an alert starts: a count of
+    /// consecutive iterations (`5`) or a time (`"125ms"`).
+    #[serde(with = "span_text")]
+    pub start_after: Span,
+    /// The least slowdown an alert is worth (observed / predicted duration; absent: 1.0, the
+    /// UCL alone decides).
+    #[serde(default = "one")]
+    pub min_slowdown: f64,
     /// Samples before the first fit.
     pub warmup_samples: usize,
     /// Samples between refits.
@@ -473,6 +484,10 @@ pub struct SentinelConfig {
 
 fn on() -> bool {
     true
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 fn recalibrate_max() -> f64 {
@@ -511,6 +526,7 @@ impl SentinelConfig {
             detector: DetectorParams {
                 window: self.window,
                 start_after: self.start_after,
+                min_slowdown: self.min_slowdown,
                 ..DetectorParams::default()
             },
             warmup_samples: self.warmup_samples,
@@ -576,11 +592,16 @@ impl Config {
         if !(s.k_sigma > 0.0 && s.k_sigma.is_finite()) {
             bail!("sentinel.k_sigma must be a positive number (such as 3.0)");
         }
-        if s.window == 0 {
-            bail!("sentinel.window must be at least 1 iteration");
+        for (key, span) in [("window", s.window), ("start_after", s.start_after)] {
+            if matches!(span, Span::Iterations(0) | Span::Micros(0)) {
+                bail!("sentinel.{key} must be at least 1 iteration or above zero time (such as 10 or \"250ms\")");
+            }
         }
-        if s.start_after == 0 {
-            bail!("sentinel.start_after must be at least 1 iteration");
+        if !(1.0..=100.0).contains(&s.min_slowdown) {
+            bail!(
+                "sentinel.min_slowdown must be between 1.0 (off) and 100 (such as 1.2), not {}",
+                s.min_slowdown
+            );
         }
         if s.warmup_samples < 20 {
             bail!("sentinel.warmup_samples must be at least 20 (the fit uses 5 folds)");
@@ -668,6 +689,32 @@ fn lay_over(base: &mut toml::Table, over: toml::Table) {
 }
 
 /// Durations written like `2s` or `500ms`.
+/// A span of the alert rule: an integer is a count of iterations, a string a time.
+mod span_text {
+    use model::detector::Span;
+    use serde::{Deserialize, Deserializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Text {
+        Count(usize),
+        Time(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Span, D::Error> {
+        match Text::deserialize(d).map_err(|_| {
+            serde::de::Error::custom(
+                "expected a count of iterations (such as 10) or a time (such as \"250ms\")",
+            )
+        })? {
+            Text::Count(n) => Ok(Span::Iterations(n)),
+            Text::Time(t) => humantime::parse_duration(&t)
+                .map(|d| Span::Micros(d.as_micros().min(u64::MAX as u128) as u64))
+                .map_err(|e| serde::de::Error::custom(format!("{t:?}: {e}"))),
+        }
+    }
+}
+
 mod duration_text {
     use std::time::Duration;
 
@@ -718,6 +765,34 @@ mod tests {
         )
         .unwrap_err();
         assert!(format!("{e:#}").contains("no profile named"), "{e:#}");
+    }
+
+    /// The alert rule's spans: counts of iterations or times; the default is in time.
+    #[test]
+    fn alert_rule_spans_are_counts_or_times() {
+        let d = Config::load(None).unwrap().sentinel.params().detector;
+        assert_eq!(d.window, Span::Micros(500_000));
+        assert_eq!(d.start_after, Span::Micros(250_000));
+        assert_eq!(d.min_slowdown, 1.0);
+        let c = Config::parse_over_default(
+            "[sentinel]\nwindow = 10\nstart_after = \"1s\"\nmin_slowdown = 1.25\n",
+            "x",
+        )
+        .unwrap();
+        let d = c.sentinel.params().detector;
+        assert_eq!(d.window, Span::Iterations(10));
+        assert_eq!(d.start_after, Span::Micros(1_000_000));
+        assert_eq!(d.min_slowdown, 1.25);
+        for (over, key) in [
+            ("window = \"soon\"", "window"),
+            ("window = 0", "sentinel.window"),
+            ("start_after = \"0s\"", "sentinel.start_after"),
+            ("window = -3", "window"),
+            ("min_slowdown = 0.5", "sentinel.min_slowdown"),
+        ] {
+            let e = Config::parse_over_default(&format!("[sentinel]\n{over}\n"), "x").unwrap_err();
+            assert!(format!("{e:#}").contains(key), "{over}: {e:#}");
+        }
     }
 
     /// Each bad `[otlp]` setting is refused with an error naming its key.

@@ -61,6 +61,46 @@ pub struct EvaluateArgs {
     /// Longest wait for the baseline to be fitted.
     #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
     pub fit_timeout: Duration,
+    /// Each injection's length, in the engine's own decode steps (`FROM..TO`, drawn per
+    /// trial; the step is the median of the last 500 decode iterations once the baseline is
+    /// fitted): the same evaluation on a 20 ms and a 150 ms engine. 80..160 is 2-4 s at 25 ms.
+    #[arg(long, default_value = "80..160", value_parser = steps)]
+    pub span_steps: (f64, f64),
+    /// Healthy time before each injection, in decode steps likewise (120..200: 3-5 s at 25 ms).
+    #[arg(long, default_value = "120..200", value_parser = steps)]
+    pub lead_steps: (f64, f64),
+}
+
+/// `FROM..TO` decode steps, 1 <= FROM <= TO.
+fn steps(s: &str) -> Result<(f64, f64), String> {
+    let (a, b) = s
+        .split_once("..")
+        .ok_or_else(|| format!("{s:?}: expected FROM..TO decode steps, such as 80..160"))?;
+    let parse = |x: &str| {
+        x.trim()
+            .parse::<f64>()
+            .map_err(|_| format!("{s:?}: {x:?} is not a number of steps"))
+    };
+    let (a, b) = (parse(a)?, parse(b)?);
+    if !(1.0 <= a && a <= b && b.is_finite()) {
+        return Err(format!("{s:?}: expected 1 <= FROM <= TO"));
+    }
+    Ok((a, b))
+}
+
+/// The engine's decode step now: the median of the last 500 decode iterations exported.
+fn engine_step(export: &Path) -> Result<Duration> {
+    let its = report::read_iterations(export)?;
+    let mut last: Vec<f64> = its.iter().rev().take(500).map(|i| i.duration_us).collect();
+    if last.len() < 50 {
+        bail!(
+            "only {} decode iterations in {} once the baseline was fitted: cannot measure the engine's step",
+            last.len(),
+            export.display()
+        );
+    }
+    last.sort_by(f64::total_cmp);
+    Ok(Duration::from_secs_f64(last[last.len() / 2] / 1e6))
 }
 
 /// One trial's plan and outcome.
@@ -217,6 +257,15 @@ fn evaluate(
             std::thread::sleep(Duration::from_secs(1));
         }
     }
+    let step = engine_step(&state.join("iterations.csv"))?;
+    info!(
+        "engine decode step {:.1} ms: injections of {:.0}..{:.0} steps ({:.1}..{:.1} s)",
+        step.as_secs_f64() * 1e3,
+        args.span_steps.0,
+        args.span_steps.1,
+        step.as_secs_f64() * args.span_steps.0,
+        step.as_secs_f64() * args.span_steps.1
+    );
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let exe_s = exe.display().to_string();
     let cpus = forward_cpus(engine_pid as u32)
@@ -227,8 +276,8 @@ fn evaluate(
     let mut records = Vec::new();
     for s in scenarios {
         for trial in 0..args.trials {
-            let lead = Duration::from_secs_f64(rng.random_range(3.0..5.0));
-            let span = Duration::from_secs_f64(rng.random_range(2.0..4.0));
+            let lead = step.mul_f64(rng.random_range(args.lead_steps.0..=args.lead_steps.1));
+            let span = step.mul_f64(rng.random_range(args.span_steps.0..=args.span_steps.1));
             let intensity: f64 = rng.random_range(0.5..1.0);
             let from_us = unix_us();
             std::thread::sleep(lead);
@@ -293,7 +342,7 @@ fn evaluate(
     }
     drop(load);
     let stream = report::read_iterations(&state.join("iterations.csv"))?;
-    write_outputs(&args.out, scenarios, &records, &stream, ucl, args)
+    write_outputs(&args.out, scenarios, &records, &stream, ucl, step, args)
 }
 
 /// Longest an injector may run past its planned span before the trial is given up.
@@ -391,6 +440,15 @@ fn deep_dive_category(port: u16, id: u64) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn injection_spans_are_ranges_of_decode_steps() {
+        assert_eq!(steps("80..160"), Ok((80.0, 160.0)));
+        assert_eq!(steps("1..1"), Ok((1.0, 1.0)));
+        for bad in ["80", "160..80", "0..5", "a..5", "5..inf"] {
+            assert!(steps(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn the_evaluation_config_changes_every_setting_it_means_to() {

@@ -67,6 +67,7 @@ pub fn write_outputs(
     records: &[TrialRecord],
     stream: &[Iteration],
     ucl: f64,
+    step: std::time::Duration,
     args: &EvaluateArgs,
 ) -> Result<()> {
     let trials_of = |name: Option<&str>| -> Vec<Trial> {
@@ -133,6 +134,9 @@ pub fn write_outputs(
         "window": WINDOW,
         "seed": args.seed,
         "trials_per_scenario": args.trials,
+        "engine_step_ms": step.as_secs_f64() * 1e3,
+        "span_steps": [args.span_steps.0, args.span_steps.1],
+        "lead_steps": [args.lead_steps.0, args.lead_steps.1],
         "decode_iterations": stream.len(),
         "strategies": table.iter().map(|(k, v)| (k.clone(), v.iter().map(|(n, s)| (n.clone(), s)).collect::<BTreeMap<_, _>>())).collect::<BTreeMap<_, _>>(),
         "root_cause_top1": root_causes,
