@@ -246,15 +246,16 @@ pub fn run(out: Option<PathBuf>, rounds: usize, attach_only: bool) -> Result<()>
     let mut report = json!({"env": phase("env", || Ok(env(&python, &bin)))});
     let script = root().join("tests/targets/gpu_decode.py");
     // The launch-bound loop: the GPU plane's cost where API calls are densest, and a deep dive.
-    {
-        let mut target = DecodeLoop::start(&python, &script, "llama")?;
-        eprintln!(
-            "gpu-check: {} loop (pid {}) warming up",
-            target.kind, target.pid
-        );
-        std::thread::sleep(Duration::from_secs(10));
-        let dir = out_dir.join("llama");
+    let start = |kind: &str, warm_s: u64| -> Result<(DecodeLoop, PathBuf)> {
+        let target = DecodeLoop::start(&python, &script, kind)?;
+        eprintln!("gpu-check: {kind} loop (pid {}) warming up", target.pid);
+        std::thread::sleep(Duration::from_secs(warm_s));
+        let dir = out_dir.join(kind);
         std::fs::create_dir_all(&dir)?;
+        Ok((target, dir))
+    };
+    {
+        let (mut target, dir) = start("llama", 10)?;
         let mut r = json!({"workload": target.kind});
         r["attach"] = phase("attach", || attach::run(&bin, &mut target, &dir, rounds));
         if !attach_only {
@@ -264,14 +265,7 @@ pub fn run(out: Option<PathBuf>, rounds: usize, attach_only: bool) -> Result<()>
         report["llama"] = r;
     }
     // The GPU-bound loop: the GPU plane's cost, the sentinel and the GPU injectors.
-    let mut target = DecodeLoop::start(&python, &script, "gemv")?;
-    eprintln!(
-        "gpu-check: {} loop (pid {}) warming up",
-        target.kind, target.pid
-    );
-    std::thread::sleep(Duration::from_secs(5));
-    let dir = out_dir.join("gemv");
-    std::fs::create_dir_all(&dir)?;
+    let (mut target, dir) = start("gemv", 5)?;
     report["workload"] = json!(target.kind);
     report["attach"] = phase("attach", || attach::run(&bin, &mut target, &dir, rounds));
     if !attach_only {

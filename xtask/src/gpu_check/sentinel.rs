@@ -59,55 +59,33 @@ fn metric(text: &str, name: &str) -> Option<f64> {
     (!v.is_empty()).then(|| v.iter().sum())
 }
 
-/// The embedded default configuration pointed at `pid`, whose `step` is the only watch.
+/// The settings laid over the embedded default (`stallscope run --config` takes only the keys
+/// it changes): the loop by pid, its `step` the only watch, a deep dive for each alert.
 fn config(dir: &Path, pid: u32, port: u16) -> Result<PathBuf> {
-    let mut text = std::fs::read_to_string(crate::root().join("probe-user/config/default.toml"))?;
-    for (from, to) in [
-        ("pids = []".to_string(), format!("pids = [{pid}]")),
-        (
-            "process_patterns = [\"VLLM::EngineCore\", \"VLLM::Worker\", \"sglang::scheduler\"]"
-                .into(),
-            "process_patterns = []".into(),
-        ),
-        (
-            "engine_patterns = [\"VLLM::EngineCore\", \"sglang::scheduler\"]".into(),
-            "engine_patterns = []".into(),
-        ),
-        (
-            "framework = \"auto\"".into(),
-            "framework = \"generic\"".into(),
-        ),
-        (
-            "watch = []".into(),
-            "watch = [\"__main__:step[batch=batch;context_tokens=n]\"]".into(),
-        ),
-        (
-            "reference_settle = \"30s\"".into(),
-            "reference_settle = \"2s\"".into(),
-        ),
-        // A deep dive for each injection's alert.
-        ("cooldown = \"60s\"".into(), "cooldown = \"10s\"".into()),
-        (
-            "listen = \"127.0.0.1:9464\"".into(),
-            format!("listen = \"127.0.0.1:{port}\""),
-        ),
-        (
-            "dir = \"/var/lib/stallscope\"".into(),
-            format!("dir = \"{}\"", dir.display()),
-        ),
-        (
-            "iterations_csv = \"\"".into(),
-            format!(
-                "iterations_csv = \"{}\"",
-                dir.join("iterations.csv").display()
-            ),
-        ),
-    ] {
-        if !text.contains(&from) {
-            bail!("the default configuration has no `{from}`");
-        }
-        text = text.replacen(&from, &to, 1);
-    }
+    let text = format!(
+        r#"[watch]
+pids = [{pid}]
+process_patterns = []
+
+[sentinel]
+engine_patterns = []
+framework = "generic"
+watch = ["__main__:step[batch=batch;context_tokens=n]"]
+
+[deep_dive]
+reference_settle = "2s"
+cooldown = "10s"
+dir = "{dir}/deep-dives"
+
+[http]
+listen = "127.0.0.1:{port}"
+
+[state]
+dir = "{dir}"
+iterations_csv = "{dir}/iterations.csv"
+"#,
+        dir = dir.display()
+    );
     let cfg = dir.join("config.toml");
     std::fs::write(&cfg, text)?;
     Ok(cfg)
