@@ -20,6 +20,7 @@ const REQUESTS: &str = "48";
 
 pub fn run() -> Result<()> {
     model_costs()?;
+    crate::bench_folds::run()?;
     vllm_overhead()
 }
 

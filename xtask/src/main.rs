@@ -5,6 +5,7 @@
 
 mod bench;
 mod bench_deep_dive;
+mod bench_folds;
 mod bench_python;
 mod bench_sentinel;
 mod bench_trace;
