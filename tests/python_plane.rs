@@ -338,20 +338,67 @@ fn hundred_attach_detach_cycles_leave_no_trace() {
     }
 }
 
-/// Re-attaching while a probe is installed finds it instead of instrumenting twice.
+/// One set of probes per process: a second session attaching while the first's lease is renewed
+/// is refused with one clear error, and the first keeps recording; once the first detaches, a
+/// new session attaches and instruments afresh.
 #[test]
-fn attach_is_idempotent() {
+fn a_second_session_is_refused_while_the_first_holds_the_lease() {
     require_root();
     let target = Target::start("3.11", &["sleep"]);
     target.wait_progress(5);
     let first = Session::attach(target.pid, attach_options()).unwrap();
     assert!(first.probes[0].new);
+    let e = match Session::attach(target.pid, attach_options()) {
+        Ok(_) => panic!("a second session attached while the first held the lease"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("already watched by another stallscope") && e.contains("lease"),
+        "{e}"
+    );
+    // The first session's probes are still installed and still write to its ring.
+    let mut records = Vec::new();
+    std::thread::sleep(Duration::from_millis(200));
+    first.drain(&mut records);
+    let since = sys_util::clock::monotonic_ns() - 150_000_000;
+    assert!(
+        records.iter().any(|r| r.exit_ns > since),
+        "the first session stopped recording after the refused attach ({} records)",
+        records.len()
+    );
+    first.detach().unwrap();
     let second = Session::attach(target.pid, attach_options()).unwrap();
-    assert_eq!(second.probes.len(), 1);
+    assert!(second.probes[0].new, "{:?}", second.probes);
     second.detach().unwrap();
-    drop(first);
     target.wait_progress(110);
     assert!(target.wait_clean_report());
+}
+
+/// A ring file left behind for a target (a daemon killed mid-attach) is removed by the next
+/// attach to it; one young enough to be an attach still in flight is kept.
+#[test]
+fn an_attach_removes_the_rings_left_behind_for_its_target() {
+    require_root();
+    let target = Target::start("3.12", &["sleep"]);
+    target.wait_progress(5);
+    let ring = |nonce: &str| {
+        std::path::PathBuf::from(format!("/dev/shm/stallscope-ring-{}-{nonce}", target.pid))
+    };
+    let (old, young) = (ring("dead1"), ring("beef2"));
+    for p in [&old, &young] {
+        std::fs::write(p, b"left behind").unwrap();
+    }
+    std::fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(600))
+        .unwrap();
+    let session = Session::attach(target.pid, attach_options()).unwrap();
+    assert!(!old.exists(), "{} is still there", old.display());
+    assert!(young.exists(), "{} was removed", young.display());
+    session.detach().unwrap();
+    std::fs::remove_file(&young).unwrap();
 }
 
 /// The session keeps the probe's lease, not the draining: a reader that drains nothing for three

@@ -31,12 +31,21 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
     let times = dir.join("toy-steps.txt");
     let engine = start_timed_engine(&times);
     let pid = engine.id();
+    // A ring left behind for an engine that is gone (pid above the kernel's limit) is removed
+    // when a daemon starts.
+    let orphan = PathBuf::from("/dev/shm/stallscope-ring-4194305-1");
+    std::fs::write(&orphan, b"left behind").unwrap();
     let mut d = Daemon::start(&dir, pid, 300);
     // No profile: the anchor is found among the two watched functions (10 s window).
     d.wait_for("discovered anchor", Duration::from_secs(30), |d| {
         d.engine()
             .is_some_and(|e| e["anchor"] == "__main__:Engine.step")
     });
+    assert!(
+        !orphan.exists(),
+        "{} outlived the daemon's start",
+        orphan.display()
+    );
     d.wait_for("fitted model", Duration::from_secs(60), |d| {
         d.engine().is_some_and(|e| e["model_state"] == "fitted")
     });

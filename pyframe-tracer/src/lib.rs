@@ -4,7 +4,8 @@
 //! - [`remote_call`]: the ptrace remote-call primitive (also used by the GPU plane to load its agent).
 //! - [`python`], [`inject`], [`pep768`]: find the runtime and run Python source at a safe point.
 //! - `probe.py` (embedded): the code that runs inside the target.
-//! - [`ring`]: the shared-memory ring the probe writes records into; [`lease`]: its heartbeat.
+//! - [`ring`]: the shared-memory ring the probe writes records into; [`lease`]: its heartbeat;
+//!   [`reap`]: ring files left behind by a daemon that died mid-attach.
 //! - [`watch_spec`], [`profiles`]: what to watch.
 //! - [`session`]: one attachment, end to end.
 //! - [`sampling`]: py-spy stack samples (non-blocking) for deep dives and hang dumps.
@@ -18,6 +19,7 @@ pub mod pep768;
 pub mod procfs;
 pub mod profiles;
 pub mod python;
+pub mod reap;
 pub mod remote_call;
 pub mod ring;
 pub mod sampling;

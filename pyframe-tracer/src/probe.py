@@ -503,6 +503,17 @@ class _Probe:
         if op == "status":
             return {"ok": True, "watches": [w.spec for w in self.watches]}
         # op == "attach"
+        if self.ring is not None and self.ring.path != req["ring"] and self.watches:
+            # Another session's probes are installed. While its lease is renewed that stallscope
+            # is alive: one set of probes per process, so this attach is refused (once the lease
+            # runs out the probes remove themselves and a new attach succeeds).
+            beat = self.ring.heartbeat()
+            age = _mono() - beat if beat else None
+            if age is not None and age <= self.lease_ns:
+                return {"ok": False, "busy": True,
+                        "error": "process %d is already watched by another stallscope (its probes' lease was "
+                                 "renewed %.1f s ago and lasts %.0f s): stop that stallscope, or, if it was killed, "
+                                 "attach again once its lease has run out" % (os.getpid(), age / 1e9, self.lease_ns / 1e9)}
         if self.ring is None or self.ring.path != req["ring"]:
             if self.ring is not None:
                 self.unwatch_all()

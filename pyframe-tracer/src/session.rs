@@ -150,6 +150,7 @@ impl Session {
             return Err(Error::NoSuchProcess(pid));
         }
         let runtime = python::find(pid)?;
+        crate::reap::stale_of(pid);
         let (host_path, ring_in_target) = ring_location(pid)?;
         let ring = Ring::create(&host_path, options.lanes, options.lane_capacity)
             .map_err(|e| Error::io(format!("creating {}", host_path.display()), e))?;

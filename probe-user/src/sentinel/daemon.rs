@@ -42,6 +42,14 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
     let features = Features::detect(paths);
     features.require()?;
     let listener = http::bind(cfg.http.listen)?;
+    for dir in ["/dev/shm", "/tmp"] {
+        for f in pyframe_tracer::reap::dead_targets(std::path::Path::new(dir)) {
+            info!(
+                "removed {}: its engine is gone (left by a stallscope that stopped mid-attach)",
+                f.display()
+            );
+        }
+    }
     let shared = Arc::new(Shared::new(&cfg.state.alerts_log())?);
     let mut export = if cfg.state.iterations_csv.as_os_str().is_empty() {
         None
