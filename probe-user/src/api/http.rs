@@ -215,6 +215,15 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .and_then(|v| v.strip_prefix("Bearer "))
 }
 
+/// Whether the request presents `token` (never when none is configured). The bytes are
+/// compared in constant time, so the answer's timing does not tell a guesser how much of a
+/// token was right (only whether its length was).
+fn authorized(headers: &HeaderMap, token: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    !token.is_empty()
+        && bearer(headers).is_some_and(|p| bool::from(p.as_bytes().ct_eq(token.as_bytes())))
+}
+
 /// Alertmanager's webhook: a firing alert for this node's serving group asks for a deep dive
 /// of its engine. Always needs the token; bounded in size and in calls per minute; a deep
 /// dive only within `max_per_hour`. A call that asks for nothing is answered 200 (so that
@@ -231,7 +240,7 @@ async fn alertmanager_webhook(
             "webhook calls need a token: set [deep_dive] token (or STALLSCOPE_DEEP_DIVE_TOKEN) and give it to Alertmanager's webhook_config as http_config.authorization credentials".into(),
         );
     }
-    if bearer(&headers) != Some(token.as_str()) {
+    if !authorized(&headers, token) {
         return refuse(
             StatusCode::UNAUTHORIZED,
             "missing or wrong \"Authorization: Bearer <token>\": the webhook needs the [deep_dive] token".into(),
@@ -352,15 +361,11 @@ async fn alertmanager_webhook(
 }
 
 async fn start_deep_dive(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
-    if !app.loopback {
-        let token = &app.deep_dive.token;
-        let presented = bearer(&headers);
-        if token.is_empty() || presented != Some(token.as_str()) {
-            return refuse(
-                StatusCode::FORBIDDEN,
-                "deep dives are requested on a loopback listener, or with \"Authorization: Bearer <token>\" matching [deep_dive] token".into(),
-            );
-        }
+    if !app.loopback && !authorized(&headers, &app.deep_dive.token) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "deep dives are requested on a loopback listener, or with \"Authorization: Bearer <token>\" matching [deep_dive] token".into(),
+        );
     }
     let body: DeepDiveBody = if body.iter().all(u8::is_ascii_whitespace) {
         DeepDiveBody::default()
@@ -424,5 +429,31 @@ async fn start_deep_dive(State(app): State<Arc<App>>, headers: HeaderMap, body: 
         )
             .into_response(),
         Err(r) => refuse(StatusCode::TOO_MANY_REQUESTS, r.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_configured_token_is_authorized() {
+        let with = |value: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, value.parse().unwrap());
+            h
+        };
+        for (headers, token, ok) in [
+            (with("Bearer s3cret"), "s3cret", true),
+            (with("Bearer s3cre"), "s3cret", false),
+            (with("Bearer s3cret!"), "s3cret", false),
+            (with("Bearer S3cret"), "s3cret", false),
+            (with("Basic s3cret"), "s3cret", false),
+            (with("Bearer "), "", false),
+            (HeaderMap::new(), "s3cret", false),
+            (HeaderMap::new(), "", false),
+        ] {
+            assert_eq!(authorized(&headers, token), ok, "{headers:?} vs {token:?}");
+        }
     }
 }
