@@ -84,7 +84,8 @@ pub struct Verdict {
     pub error: Option<f64>,
     /// Moving mean of E over the window.
     pub moving_mean: Option<f64>,
-    /// The UCL it was compared with.
+    /// The threshold the moving mean was compared with: the UCL, or `min_slowdown`'s error
+    /// when that is larger.
     pub ucl: Option<f64>,
     /// An alert started with this iteration.
     pub alert_started: bool,

@@ -688,7 +688,6 @@ fn lay_over(base: &mut toml::Table, over: toml::Table) {
     }
 }
 
-/// Durations written like `2s` or `500ms`.
 /// A span of the alert rule: an integer is a count of iterations, a string a time.
 mod span_text {
     use model::detector::Span;
@@ -715,6 +714,7 @@ mod span_text {
     }
 }
 
+/// Durations written like `2s` or `500ms`.
 mod duration_text {
     use std::time::Duration;
 

@@ -9,6 +9,9 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+/// Where ring files go, in the target's own mount namespace, in order of preference.
+pub const RING_DIRS: [&str; 2] = ["/dev/shm", "/tmp"];
+
 /// A file of an attach still in flight is younger than this (an attach gives up well before).
 pub const IN_FLIGHT: Duration = Duration::from_secs(120);
 
@@ -39,7 +42,7 @@ pub fn dead_targets(dir: &Path) -> Vec<PathBuf> {
 pub fn stale_of(pid: i32) -> Vec<PathBuf> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
     let mut out = Vec::new();
-    for dir in ["/dev/shm", "/tmp"] {
+    for dir in RING_DIRS {
         out.extend(reap(
             Path::new(&format!("/proc/{pid}/root{dir}")),
             |p, path| {

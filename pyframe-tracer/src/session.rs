@@ -407,7 +407,7 @@ fn role_name(role: Role) -> &'static str {
 fn ring_location(pid: i32) -> Result<(PathBuf, String)> {
     let nonce = sys_util::clock::monotonic_ns() ^ (std::process::id() as u64) << 32;
     let root = format!("/proc/{pid}/root");
-    for dir in ["/dev/shm", "/tmp"] {
+    for dir in crate::reap::RING_DIRS {
         if std::path::Path::new(&format!("{root}{dir}")).is_dir() {
             let inside = format!("{dir}/stallscope-ring-{pid}-{nonce:x}");
             return Ok((PathBuf::from(format!("{root}{inside}")), inside));

@@ -42,7 +42,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
     let features = Features::detect(paths);
     features.require()?;
     let listener = http::bind(cfg.http.listen)?;
-    for dir in ["/dev/shm", "/tmp"] {
+    for dir in pyframe_tracer::reap::RING_DIRS {
         for f in pyframe_tracer::reap::dead_targets(std::path::Path::new(dir)) {
             info!(
                 "removed {}: its engine is gone (left by a stallscope that stopped mid-attach)",

@@ -4,8 +4,6 @@
 //! what the daemon's exit leaves behind.
 
 use std::{
-    io::{Read, Write},
-    net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -24,26 +22,15 @@ const INJECTION: Duration = Duration::from_secs(12);
 /// GPU injectors, in order.
 const SCENARIOS: [&str; 2] = ["gemm-contention", "pcie-saturation"];
 
-fn http(port: u16, path: &str) -> Result<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    Ok(text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default())
+/// The daemon's answer to `GET path` (empty when it did not answer).
+fn http(port: u16, path: &str) -> String {
+    sys_util::http::get(port, path, Duration::from_secs(10))
+        .map(|r| r.body)
+        .unwrap_or_default()
 }
 
 fn json_at(port: u16, path: &str) -> Value {
-    http(port, path)
-        .ok()
-        .and_then(|b| serde_json::from_str(&b).ok())
-        .unwrap_or(Value::Null)
+    serde_json::from_str(&http(port, path)).unwrap_or(Value::Null)
 }
 
 /// A metric's value summed over its series (Prometheus text).
@@ -217,7 +204,7 @@ pub fn run(
         "worst_second_x": slowdown(target, a, b, normal)["worst_second_x"],
         "engine": daemon.engine(),
     });
-    let m = http(port, "/metrics").unwrap_or_default();
+    let m = http(port, "/metrics");
     let mean = |n: &str| {
         metric(&m, &format!("{n}_sum"))
             .zip(metric(&m, &format!("{n}_count")))
