@@ -40,6 +40,10 @@ pub struct Params {
     pub function: Option<String>,
     /// Allow scenarios that change device settings (clock-lock).
     pub allow_device_settings: bool,
+    /// The engine's own decode step, when known: magnitudes that are times (python-sync-stall's
+    /// sleep) are then set relative to it, so an intensity slows a 20 ms and a 150 ms engine
+    /// alike.
+    pub step: Option<Duration>,
 }
 
 /// What an injection did.
@@ -147,7 +151,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "python-sync-stall",
         stresses: "one engine function: a bounded sleep added to every call of it (--function, default the profile's schedule step)",
-        intensity: "sleep per call (0..1 of 20 ms)",
+        intensity: "sleep per call (0..1 of two engine steps with --engine-step, else of 20 ms)",
         cause: None,
         needs_pid: true,
         run: python::sync_stall,
@@ -213,6 +217,9 @@ impl Scenario {
     pub fn run(&self, params: &Params, stop: &AtomicBool) -> Result<Report> {
         if !(params.intensity > 0.0 && params.intensity <= 1.0) {
             bail!("--intensity must be in (0, 1], got {}", params.intensity);
+        }
+        if params.step.is_some_and(|s| s.is_zero()) {
+            bail!("--engine-step must be longer than 0 (the engine's decode step, such as 25ms)");
         }
         if self.needs_pid && params.pid.is_none() {
             bail!("{} acts on the engine: give its pid with --pid", self.name);

@@ -15,8 +15,11 @@ use crate::{hold, Params};
 const SAFE_POINT: Duration = Duration::from_secs(10);
 /// Collections per second at intensity 1.
 const MAX_COLLECTIONS: f64 = 100.0;
-/// Sleep per call at intensity 1, seconds.
+/// Sleep per call at intensity 1 when the engine's step is not given, seconds.
 const MAX_SLEEP_S: f64 = 0.020;
+/// Sleep per call at intensity 1 in engine steps: intensity 0.5 doubles a step whose
+/// function is called once per step (vLLM's `Scheduler.schedule`).
+const MAX_SLEEP_STEPS: f64 = 2.0;
 /// The function slowed when none is given: vLLM's scheduler step.
 pub const DEFAULT_FUNCTION: &str = "vllm.v1.core.sched.scheduler:Scheduler.schedule";
 
@@ -71,14 +74,18 @@ threading.Thread(target=storm, name="stallscope-gc-storm", daemon=True).start()
 }
 
 /// Wraps `--function` (default [`DEFAULT_FUNCTION`]) so every call first sleeps `intensity`
-/// × 20 ms; a timer thread in the engine puts the original back at the deadline.
+/// × two engine steps (× 20 ms when the step is not given); a timer thread in the engine puts
+/// the original back at the deadline.
 pub fn sync_stall(p: &Params, stop: &AtomicBool) -> Result<String> {
     let pid = p.pid.expect("checked by Scenario::run");
     let function = p.function.as_deref().unwrap_or(DEFAULT_FUNCTION);
     let (module, qualname) = function
         .split_once(':')
         .context("--function must be MODULE:QUALNAME")?;
-    let sleep = MAX_SLEEP_S * p.intensity;
+    let sleep = p
+        .step
+        .map_or(MAX_SLEEP_S, |s| s.as_secs_f64() * MAX_SLEEP_STEPS)
+        * p.intensity;
     let deadline = Instant::now() + p.duration;
     let end = monotonic_s(deadline);
     let locate = format!(

@@ -38,6 +38,10 @@ pub struct Trial {
     pub inject_from_us: f64,
     /// Injection end, µs.
     pub inject_to_us: f64,
+    /// End of the recovery grace, µs (`inject_to_us`: none): iterations that start between
+    /// the injection's end and this are in neither class, since the engine and a moving mean
+    /// both take a moment to recover.
+    pub grace_to_us: f64,
 }
 
 /// A detection strategy.
@@ -141,6 +145,9 @@ pub fn score(stream: &[Iteration], flags: &[bool], trials: &[Trial]) -> Scores {
                 continue;
             }
             let abnormal = it.end_us() > t.inject_from_us && it.start_us < t.inject_to_us;
+            if !abnormal && it.start_us >= t.inject_to_us && it.start_us < t.grace_to_us {
+                continue;
+            }
             match (abnormal, flag) {
                 (true, true) => s.tp += 1,
                 (true, false) => s.fn_ += 1,
@@ -200,6 +207,7 @@ mod tests {
             to_us: 100_000.0,
             inject_from_us: 40_000.0,
             inject_to_us: 59_999.0,
+            grace_to_us: 59_999.0,
         };
         let point = score(&s, &flags(&s, Strategy::DynamicPoint, 0.2, 10), &[trial]);
         assert_eq!((point.tp, point.fp, point.fn_), (20, 0, 0));
@@ -220,5 +228,17 @@ mod tests {
         assert_eq!((fixed.tp, fixed.fp, fixed.detected), (0, 0, 0));
         assert_eq!(fixed.lag_ms, None);
         assert_eq!(moving_mean(&s, 10)[0], 0.0);
+        // A grace of 5 iterations after the injection takes the window's 5 late flags out
+        // of the normal class: no false positive left, 5 fewer normal iterations.
+        let graced = Trial {
+            grace_to_us: 64_999.0,
+            ..trial
+        };
+        let window_graced = score(&s, &flags(&s, Strategy::DynamicWindow, 0.2, 10), &[graced]);
+        assert_eq!(
+            (window_graced.tp, window_graced.fp, window_graced.tn),
+            (16, 0, 75)
+        );
+        assert_eq!(window_graced.fpr, 0.0);
     }
 }

@@ -38,6 +38,10 @@ pub struct InjectArgs {
     /// machine.
     #[arg(long)]
     pub allow_device_settings: bool,
+    /// The engine's decode step (e.g. `25ms`): time magnitudes are then set in steps (see
+    /// --list), so one intensity means the same slowdown on a fast and a slow engine.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub engine_step: Option<Duration>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -67,6 +71,7 @@ pub fn run(args: &InjectArgs) -> Result<()> {
         port: args.port,
         function: args.function.clone(),
         allow_device_settings: args.allow_device_settings,
+        step: args.engine_step,
     };
     stop_flag::install(true);
     let report = scenario.run(&params, &stop_flag::STOP)?;

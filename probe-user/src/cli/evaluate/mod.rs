@@ -24,6 +24,7 @@ use crate::config::DEFAULT_CONFIG;
 mod heatmap;
 mod load;
 mod report;
+mod slowdown;
 
 /// Scenarios run by default: the CPU-side ones that need nothing the host may lack.
 const DEFAULT_SCENARIOS: &str = "cpu-contention,cpu-frequency,memory-pressure,memory-fragmentation,io-contention,python-gc-storm,python-sync-stall,process-pause";
@@ -69,6 +70,38 @@ pub struct EvaluateArgs {
     /// Healthy time before each injection, in decode steps likewise (120..200: 3-5 s at 25 ms).
     #[arg(long, default_value = "120..200", value_parser = steps)]
     pub lead_steps: (f64, f64),
+    /// Each injection's intensity, drawn per trial from `FROM..TO` within (0, 1]. A wide
+    /// range (0.1..1.0) calibrates the scenarios: the tables give the engine's slowdown at
+    /// each intensity.
+    #[arg(long, default_value = "0.5..1.0", value_parser = intensities)]
+    pub intensity: (f64, f64),
+    /// Recovery grace, in decode steps: the iterations that start this soon after an
+    /// injection ends are in neither class in the tables "with grace" (the engine and a
+    /// moving mean take a moment to recover).
+    #[arg(long, default_value_t = 40.0)]
+    pub grace_steps: f64,
+    /// The engine's log with vLLM's iteration lines (`--enable-logging-iteration-details`),
+    /// to measure each injection's slowdown by the engine's own clock (with --vllm: its
+    /// "log").
+    #[arg(long)]
+    pub engine_log: Option<PathBuf>,
+}
+
+/// `FROM..TO` intensities, 0 < FROM <= TO <= 1.
+fn intensities(s: &str) -> Result<(f64, f64), String> {
+    let (a, b) = s
+        .split_once("..")
+        .ok_or_else(|| format!("{s:?}: expected FROM..TO intensities, such as 0.5..1.0"))?;
+    let parse = |x: &str| {
+        x.trim()
+            .parse::<f64>()
+            .map_err(|_| format!("{s:?}: {x:?} is not an intensity"))
+    };
+    let (a, b) = (parse(a)?, parse(b)?);
+    if !(0.0 < a && a <= b && b <= 1.0) {
+        return Err(format!("{s:?}: expected 0 < FROM <= TO <= 1"));
+    }
+    Ok((a, b))
 }
 
 /// `FROM..TO` decode steps, 1 <= FROM <= TO.
@@ -115,6 +148,8 @@ struct TrialRecord {
     to_us: f64,
     mechanism: String,
     root_cause: Option<String>,
+    /// The engine's slowdown by its own log (see [`slowdown`]).
+    slowdown: Option<slowdown::Slowdown>,
 }
 
 /// GET or POST on the daemon's loopback API: the status and the JSON body (null if none).
@@ -165,12 +200,25 @@ pub fn run(args: &EvaluateArgs) -> Result<()> {
     let state = args.out.join("state");
     std::fs::create_dir_all(&state)
         .with_context(|| format!("cannot create {}", state.display()))?;
-    let (engine_pid, api_port) = engine(args)?;
-    evaluate(args, &scenarios, engine_pid, api_port, &state)
+    let (engine_pid, api_port, log) = engine(args)?;
+    if args.grace_steps.is_nan() || args.grace_steps < 0.0 {
+        bail!("--grace-steps must be 0 or more decode steps");
+    }
+    if log.is_none() {
+        warn!("no engine log (--engine-log): the injections' slowdowns will not be measured");
+    }
+    evaluate(
+        args,
+        &scenarios,
+        engine_pid,
+        api_port,
+        log.as_deref(),
+        &state,
+    )
 }
 
-/// The engine's pid and the loopback port of its OpenAI-compatible endpoint.
-fn engine(args: &EvaluateArgs) -> Result<(u64, u16)> {
+/// The engine's pid, the loopback port of its OpenAI-compatible endpoint and its log.
+fn engine(args: &EvaluateArgs) -> Result<(u64, u16, Option<PathBuf>)> {
     if let Some(s) = &args.vllm {
         let v: Value = serde_json::from_str(s)
             .context("--vllm must be the JSON `cargo xtask vllm up` prints")?;
@@ -181,7 +229,13 @@ fn engine(args: &EvaluateArgs) -> Result<(u64, u16)> {
             .as_u64()
             .and_then(|p| u16::try_from(p).ok())
             .context("the --vllm JSON has no port")?;
-        return Ok((pid, port));
+        let log = args.engine_log.clone().or_else(|| {
+            v["log"]
+                .as_str()
+                .filter(|l| !l.is_empty())
+                .map(PathBuf::from)
+        });
+        return Ok((pid, port, log));
     }
     let (Some(pid), Some(url)) = (args.pid, &args.url) else {
         bail!("give the engine: --vllm JSON, or --pid PID with --url http://127.0.0.1:PORT");
@@ -193,7 +247,7 @@ fn engine(args: &EvaluateArgs) -> Result<(u64, u16)> {
         .with_context(|| {
             format!("--url {url}: give the engine's endpoint on this host as http://127.0.0.1:PORT (evaluate runs next to the engine)")
         })?;
-    Ok((u64::from(pid), port))
+    Ok((u64::from(pid), port, args.engine_log.clone()))
 }
 
 fn evaluate(
@@ -201,6 +255,7 @@ fn evaluate(
     scenarios: &[&anomaly_suite::Scenario],
     engine_pid: u64,
     api_port: u16,
+    engine_log: Option<&Path>,
     state: &Path,
 ) -> Result<()> {
     if !Path::new(&format!("/proc/{engine_pid}")).exists() {
@@ -212,7 +267,7 @@ fn evaluate(
         .port();
     let config = evaluation_config(state, port, args.deep_dives);
     let config_path = state.join("evaluate.toml");
-    std::fs::write(&config_path, config)?;
+    std::fs::write(&config_path, &config)?;
     let exe = std::env::current_exe()?;
     let daemon = Group::spawn(
         Command::new(&exe)
@@ -278,7 +333,7 @@ fn evaluate(
         for trial in 0..args.trials {
             let lead = step.mul_f64(rng.random_range(args.lead_steps.0..=args.lead_steps.1));
             let span = step.mul_f64(rng.random_range(args.span_steps.0..=args.span_steps.1));
-            let intensity: f64 = rng.random_range(0.5..1.0);
+            let intensity: f64 = rng.random_range(args.intensity.0..=args.intensity.1);
             let from_us = unix_us();
             std::thread::sleep(lead);
             let inject_from_us = unix_us();
@@ -291,6 +346,8 @@ fn evaluate(
                 .args(["--pid", &engine_pid.to_string()])
                 .args(["--port", &api_port.to_string()])
                 .args(["--cpus", &cpus])
+                .arg("--engine-step")
+                .arg(format!("{}us", step.as_micros()))
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
             let child = inject.spawn()?;
@@ -330,6 +387,7 @@ fn evaluate(
                 to_us,
                 mechanism: report["mechanism"].as_str().unwrap_or_default().to_string(),
                 root_cause: root_cause.flatten(),
+                slowdown: None,
             });
         }
     }
@@ -341,8 +399,29 @@ fn evaluate(
         );
     }
     drop(load);
+    if let Some(path) = engine_log {
+        let log = slowdown::EngineLog::read(path, (unix_us() / 1e6) as i64)?;
+        if log.is_empty() {
+            warn!(
+                "{} has no stamped iteration lines (is vLLM logging them, --enable-logging-iteration-details?): slowdowns not measured",
+                path.display()
+            );
+        }
+        for r in &mut records {
+            r.slowdown = log.slowdown(r.from_us, r.inject_from_us, r.inject_to_us);
+        }
+    }
     let stream = report::read_iterations(&state.join("iterations.csv"))?;
-    write_outputs(&args.out, scenarios, &records, &stream, ucl, step, args)
+    let detector = crate::config::Config::parse(&config, "evaluation")?
+        .sentinel
+        .params()
+        .detector;
+    let run = report::Run {
+        ucl,
+        step,
+        detector,
+    };
+    write_outputs(&args.out, scenarios, &records, &stream, &run, args)
 }
 
 /// Longest an injector may run past its planned span before the trial is given up.
@@ -447,6 +526,10 @@ mod tests {
         assert_eq!(steps("1..1"), Ok((1.0, 1.0)));
         for bad in ["80", "160..80", "0..5", "a..5", "5..inf"] {
             assert!(steps(bad).is_err(), "{bad}");
+        }
+        assert_eq!(intensities("0.1..1.0"), Ok((0.1, 1.0)));
+        for bad in ["0..1", "0.5..1.5", "0.8..0.5", "x..1", "0.5"] {
+            assert!(intensities(bad).is_err(), "{bad}");
         }
     }
 

@@ -1,0 +1,213 @@
+//! How much an injection slowed the engine, by the engine's own clock: vLLM's iteration log
+//! (`--enable-logging-iteration-details`), read apart from stallscope's export so that the
+//! detector is judged against a measure it did not make.
+//!
+//! The log's stamps have whole seconds, so a trial is measured over the whole seconds inside
+//! its healthy lead and inside its injection. Two ratios come out:
+//! - the **decode period** (injection over lead): the time of the window less vLLM's elapsed
+//!   time of its prefill and mixed steps, per decode-only step. Everything that delays the
+//!   next decode step counts, the scheduler and pauses of the whole process included, while a
+//!   prefill arriving in one window and not the other does not. This is the slowdown the
+//!   evaluation reports. A window without a decode step (the engine stuck, or in one long
+//!   prefill) falls back to all steps per second, counting at least one: a lower bound.
+//! - vLLM's **elapsed time** per decode-only step (injection median over lead median): it spans
+//!   only the forward pass and sampling, so a stall in the scheduler does not show in it.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+/// One logged step: its whole second (Unix), vLLM's elapsed time and whether it was
+/// decode-only.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    second: i64,
+    elapsed_ms: f64,
+    decode: bool,
+}
+
+/// The engine's steps from its log.
+#[derive(Debug, Default)]
+pub struct EngineLog {
+    /// In log order, which is time order.
+    steps: Vec<Step>,
+}
+
+/// A trial's slowdown as the engine measured it.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Slowdown {
+    /// The decode period in the injection over that in the lead (see the module's doc).
+    pub step: f64,
+    /// Median decode-only elapsed time in the injection over that of the lead (None when
+    /// either has no decode-only step).
+    pub elapsed: Option<f64>,
+}
+
+impl EngineLog {
+    /// Reads vLLM's log; stamps are taken as UTC in the year of `now_unix_s`.
+    pub fn read(path: &Path, now_unix_s: i64) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the engine's log {}", path.display()))?;
+        Ok(Self::parse(&text, vllm_log::year_of(now_unix_s)))
+    }
+
+    fn parse(text: &str, year: i64) -> Self {
+        let steps = vllm_log::parse(text)
+            .into_iter()
+            .filter_map(|it| {
+                Some(Step {
+                    second: it.stamp?.unix_s(year),
+                    elapsed_ms: it.elapsed_ms,
+                    decode: it.context_requests == 0 && it.generation_requests > 0,
+                })
+            })
+            .collect();
+        Self { steps }
+    }
+
+    /// Whether the log holds any stamped step.
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
+    /// The whole seconds inside `[from_us, to_us)` and the steps logged in them (None
+    /// without a whole second).
+    fn window(&self, from_us: f64, to_us: f64) -> Option<Window> {
+        let first = (from_us / 1e6).ceil() as i64;
+        let end = (to_us / 1e6).floor() as i64;
+        if end <= first {
+            return None;
+        }
+        let mut w = Window {
+            ms: (end - first) as f64 * 1e3,
+            ..Window::default()
+        };
+        for s in self
+            .steps
+            .iter()
+            .filter(|s| (first..end).contains(&s.second))
+        {
+            w.steps += 1;
+            if s.decode {
+                w.decode_elapsed_ms.push(s.elapsed_ms);
+            } else {
+                w.other_ms += s.elapsed_ms;
+            }
+        }
+        Some(w)
+    }
+
+    /// The slowdown of an injection over `[inject_from_us, inject_to_us)` against the lead
+    /// `[lead_from_us, inject_from_us)`: None when either spans no whole second or the lead
+    /// has no decode step (no load: nothing to compare).
+    pub fn slowdown(
+        &self,
+        lead_from_us: f64,
+        inject_from_us: f64,
+        inject_to_us: f64,
+    ) -> Option<Slowdown> {
+        let lead = self.window(lead_from_us, inject_from_us)?;
+        let inj = self.window(inject_from_us, inject_to_us)?;
+        let lead_period = lead.decode_period()?;
+        let step = match inj.decode_period() {
+            Some(p) => p / lead_period,
+            // Stuck, or one long prefill: all steps per second, at least one.
+            None => (inj.ms / inj.steps.max(1) as f64) / (lead.ms / lead.steps as f64),
+        };
+        let elapsed = match (
+            median(lead.decode_elapsed_ms),
+            median(inj.decode_elapsed_ms),
+        ) {
+            (Some(a), Some(b)) if a > 0.0 => Some(b / a),
+            _ => None,
+        };
+        Some(Slowdown { step, elapsed })
+    }
+}
+
+/// The steps logged in a window of whole seconds.
+#[derive(Debug, Default)]
+struct Window {
+    ms: f64,
+    steps: usize,
+    /// vLLM's elapsed time of the prefill and mixed steps.
+    other_ms: f64,
+    decode_elapsed_ms: Vec<f64>,
+}
+
+impl Window {
+    /// The window's time outside prefill and mixed steps, per decode-only step.
+    fn decode_period(&self) -> Option<f64> {
+        let n = self.decode_elapsed_ms.len();
+        let decode_ms = self.ms - self.other_ms;
+        (n > 0 && decode_ms > 0.0).then(|| decode_ms / n as f64)
+    }
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    Some(v[v.len() / 2])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A log of `n` steps of `ms` each in the second `10:00:ss` of 2026-11-26, decode-only
+    /// or with a prefill.
+    fn lines(sec: u8, n: usize, ms: f64, decode: bool) -> String {
+        let context = usize::from(!decode);
+        (0..n)
+            .map(|i| format!("(EngineCore_DP0 pid=7) INFO 11-26 10:00:{sec:02} [core.py:300] Iteration({i}): {context} context requests, {} context tokens, 8 generation requests, 8 generation tokens, iteration elapsed time: {ms} ms\n", context * 100))
+            .collect()
+    }
+
+    #[test]
+    fn slowdown_is_the_decode_period_over_whole_seconds_and_the_elapsed_ratio() {
+        // Lead: seconds 0-2 at a decode step every 25 ms (20 ms of it in vLLM's span), with a
+        // 500 ms prefill in second 1 taking the place of 20 decode steps; injection: seconds
+        // 3-4 at a step every 50 ms (30 ms in the span, the rest outside it).
+        let mut text = lines(0, 40, 20.0, true);
+        text += &lines(1, 20, 20.0, true);
+        text += &lines(1, 1, 500.0, false);
+        text += &lines(2, 40, 20.0, true);
+        for s in 3..5 {
+            text += &lines(s, 20, 30.0, true);
+        }
+        // Seconds 6-7: one 2 s prefill and nothing else.
+        text += &lines(7, 1, 2000.0, false);
+        text += "INFO 11-26 10:00:05 [api_server.py:1] not an iteration line\n";
+        let log = EngineLog::parse(&text, 2026);
+        let t0 = at(0);
+        // The lead starts mid-second 0 of the clock before (not whole), the injection covers
+        // 3.0-5.0: the prefill does not make the lead look slower.
+        let s = log.slowdown(t0 - 0.5e6, t0 + 3e6, t0 + 5e6).unwrap();
+        assert!((s.step - 2.0).abs() < 1e-9, "{s:?}");
+        assert_eq!(s.elapsed, Some(1.5));
+        // No decode step in the injection: all steps per second, a lower bound (one 2 s step
+        // against 40 in the 3 s lead).
+        let stuck = log.slowdown(t0 + 3e6, t0 + 6e6, t0 + 8e6).unwrap();
+        assert!((stuck.step - 2000.0 / 75.0).abs() < 1e-9, "{stuck:?}");
+        assert_eq!(stuck.elapsed, None);
+        // An injection shorter than a whole second cannot be measured.
+        assert_eq!(log.slowdown(t0, t0 + 3.2e6, t0 + 4.1e6), None);
+        // Nothing logged in the lead: no load, no measure.
+        assert_eq!(log.slowdown(t0 + 10e6, t0 + 12e6, t0 + 14e6), None);
+    }
+
+    /// 2026-11-26 10:00:00 UTC plus `s` seconds, µs.
+    fn at(s: i64) -> f64 {
+        let base = vllm_log::Stamp {
+            month: 11,
+            day: 26,
+            hour: 10,
+            minute: 0,
+            second: 0,
+        }
+        .unix_s(2026);
+        (base + s) as f64 * 1e6
+    }
+}
