@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    compiled::Compiled,
     eval::{accuracy, Accuracy},
     features::Workload,
     gbdt::{Gbdt, GbdtParams},
@@ -119,6 +120,10 @@ pub struct Baseline {
     pub ucl: Ucl,
     /// The regressor.
     pub gbdt: Gbdt,
+    /// The regressor laid out for prediction (built from `gbdt` when fitted or read; empty
+    /// when it cannot be: then `gbdt` is walked).
+    #[serde(skip)]
+    compiled: Compiled,
 }
 
 /// The positive prediction error E = max(0, (y − ŷ)/(y + ε)): only slower-than-predicted
@@ -190,13 +195,25 @@ impl Baseline {
                     .max(params.theta_min),
             },
             gbdt: fit_gbdt(samples, &params.gbdt)?,
-        })
+            compiled: Compiled::default(),
+        }
+        .compiled())
+    }
+
+    /// With the regressor laid out for prediction.
+    fn compiled(mut self) -> Baseline {
+        self.compiled = Compiled::new(&self.gbdt).unwrap_or_default();
+        self
     }
 
     /// Predicted duration of an iteration, µs.
     #[inline]
     pub fn predict(&self, w: &Workload) -> f64 {
-        self.gbdt.predict(&w.features())
+        if self.compiled.is_empty() {
+            self.gbdt.predict(&w.features())
+        } else {
+            self.compiled.predict(&w.features())
+        }
     }
 
     /// The model as JSON.
@@ -228,7 +245,7 @@ impl Baseline {
             return Err(ModelError::Corrupt("the UCL is not finite".into()));
         }
         b.gbdt.validate()?;
-        Ok(b)
+        Ok(b.compiled())
     }
 }
 

@@ -4,6 +4,7 @@
 
 pub mod anchor;
 pub mod baseline;
+pub mod compiled;
 pub mod dataset;
 pub mod detector;
 pub mod eval;

@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::{
-    api::{alertmanager, board::EngineStatus, state::Shared},
+    api::{alertmanager, board::EngineStatus, server, state::Shared},
     config::{DeepDiveConfig, FleetConfig, MAX_WINDOW},
     deep_dive::registry::Refusal,
 };
@@ -66,6 +66,7 @@ pub fn serve(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let refused = shared.metrics.http_refused_connections.clone();
     rt.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let mut sigint = signal(SignalKind::interrupt())?;
@@ -91,16 +92,16 @@ pub fn serve(
             }));
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let stop_http = stop.clone();
-        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        server::serve(listener, app, refused, async move {
             tokio::select! {
                 _ = sigint.recv() => log::info!("SIGINT: stopping"),
                 _ = sigterm.recv() => log::info!("SIGTERM: stopping"),
                 _ = wait_for(stop_http) => {}
             }
-        });
-        let result = server.await;
+        })
+        .await;
         stop.store(true, Ordering::SeqCst);
-        result.context("the HTTP server failed")
+        Ok(())
     })
 }
 

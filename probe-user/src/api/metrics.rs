@@ -115,6 +115,8 @@ pub struct Metrics {
     /// label), as a label of a series at 1: Prometheus rules join a node's alerts to its
     /// groups through it.
     pub fleet_group: IntGaugeVec,
+    /// HTTP connections closed at once because the listener's cap was reached.
+    pub http_refused_connections: IntCounter,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -205,6 +207,7 @@ impl Metrics {
             store_dropped: reg(r, IntCounter::with_opts(opts("store_dropped_total", "Deep dives not uploaded to the shared store (queue full while it was slow or down, or waiting at shutdown)")).unwrap()),
             store_failures: reg(r, IntCounter::with_opts(opts("store_failures_total", "Failed requests to the shared store (retried)")).unwrap()),
             fleet_group: reg(r, IntGaugeVec::new(opts("fleet_group_info", "1 per serving group of this node's engines ([fleet] group or group_pod_label), with this node's name ([fleet] node)"), &["serving_group", "node"]).unwrap()),
+            http_refused_connections: reg(r, IntCounter::with_opts(opts("http_refused_connections_total", "HTTP connections closed at once because the listener already served its maximum")).unwrap()),
             registry,
         }
     }

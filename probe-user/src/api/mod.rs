@@ -7,4 +7,5 @@ pub mod board;
 pub mod export;
 pub mod http;
 pub mod metrics;
+pub mod server;
 pub mod state;

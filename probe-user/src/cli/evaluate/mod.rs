@@ -25,6 +25,7 @@ mod heatmap;
 mod load;
 mod report;
 mod slowdown;
+mod steady;
 
 /// Scenarios run by default: the CPU-side ones that need nothing the host may lack.
 const DEFAULT_SCENARIOS: &str = "cpu-contention,cpu-frequency,memory-pressure,memory-fragmentation,io-contention,python-gc-storm,python-sync-stall,process-pause";
@@ -80,6 +81,11 @@ pub struct EvaluateArgs {
     /// moving mean take a moment to recover).
     #[arg(long, default_value_t = 40.0)]
     pub grace_steps: f64,
+    /// Instead of injecting, run the daemon as configured by default for this long of steady
+    /// load after its first fit and judge each alert by the engine's own log (steady.json,
+    /// steady.md): the false-alert measure.
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "deep_dives")]
+    pub steady: Option<Duration>,
     /// The engine's log with vLLM's iteration lines (`--enable-logging-iteration-details`),
     /// to measure each injection's slowdown by the engine's own clock (with --vllm: its
     /// "log").
@@ -89,36 +95,40 @@ pub struct EvaluateArgs {
 
 /// `FROM..TO` intensities, 0 < FROM <= TO <= 1.
 fn intensities(s: &str) -> Result<(f64, f64), String> {
-    let (a, b) = s
-        .split_once("..")
-        .ok_or_else(|| format!("{s:?}: expected FROM..TO intensities, such as 0.5..1.0"))?;
-    let parse = |x: &str| {
-        x.trim()
-            .parse::<f64>()
-            .map_err(|_| format!("{s:?}: {x:?} is not an intensity"))
-    };
-    let (a, b) = (parse(a)?, parse(b)?);
-    if !(0.0 < a && a <= b && b <= 1.0) {
-        return Err(format!("{s:?}: expected 0 < FROM <= TO <= 1"));
-    }
-    Ok((a, b))
+    range(s, "intensities", "0.5..1.0", |a, b| {
+        0.0 < a && a <= b && b <= 1.0
+    })
+    .map_err(|e| e.unwrap_or_else(|| format!("{s:?}: expected 0 < FROM <= TO <= 1")))
 }
 
 /// `FROM..TO` decode steps, 1 <= FROM <= TO.
 fn steps(s: &str) -> Result<(f64, f64), String> {
-    let (a, b) = s
-        .split_once("..")
-        .ok_or_else(|| format!("{s:?}: expected FROM..TO decode steps, such as 80..160"))?;
+    range(s, "decode steps", "80..160", |a, b| {
+        1.0 <= a && a <= b && b.is_finite()
+    })
+    .map_err(|e| e.unwrap_or_else(|| format!("{s:?}: expected 1 <= FROM <= TO")))
+}
+
+/// `FROM..TO` of `what` (such as `example`) that pass `valid`; the error says why, or None
+/// when the numbers are out of range.
+fn range(
+    s: &str,
+    what: &str,
+    example: &str,
+    valid: impl Fn(f64, f64) -> bool,
+) -> Result<(f64, f64), Option<String>> {
+    let (a, b) = s.split_once("..").ok_or_else(|| {
+        Some(format!(
+            "{s:?}: expected FROM..TO {what}, such as {example}"
+        ))
+    })?;
     let parse = |x: &str| {
         x.trim()
             .parse::<f64>()
-            .map_err(|_| format!("{s:?}: {x:?} is not a number of steps"))
+            .map_err(|_| Some(format!("{s:?}: {x:?} is not a number")))
     };
     let (a, b) = (parse(a)?, parse(b)?);
-    if !(1.0 <= a && a <= b && b.is_finite()) {
-        return Err(format!("{s:?}: expected 1 <= FROM <= TO"));
-    }
-    Ok((a, b))
+    valid(a, b).then_some((a, b)).ok_or(None)
 }
 
 /// The engine's decode step now: the median of the last 500 decode iterations exported.
@@ -204,6 +214,12 @@ pub fn run(args: &EvaluateArgs) -> Result<()> {
     if args.grace_steps.is_nan() || args.grace_steps < 0.0 {
         bail!("--grace-steps must be 0 or more decode steps");
     }
+    if let Some(duration) = args.steady {
+        let log = log.context(
+            "--steady judges alerts by the engine's own log: give it with --engine-log (vLLM started with --enable-logging-iteration-details)",
+        )?;
+        return steady::run(args, duration, engine_pid, api_port, &log, &state);
+    }
     if log.is_none() {
         warn!("no engine log (--engine-log): the injections' slowdowns will not be measured");
     }
@@ -262,34 +278,10 @@ fn evaluate(
         bail!("no process with pid {engine_pid}: give the engine's pid (vLLM's VLLM::EngineCore)");
     }
     let load = Load::start(api_port, 8, args.seed)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = free_port()?;
     let config = evaluation_config(state, port, args.deep_dives);
-    let config_path = state.join("evaluate.toml");
-    std::fs::write(&config_path, &config)?;
-    let exe = std::env::current_exe()?;
-    let daemon = Group::spawn(
-        Command::new(&exe)
-            .args(["run", "--config"])
-            .arg(&config_path)
-            .stderr(std::fs::File::create(state.join("daemon.log"))?),
-    )
-    .with_context(|| format!("cannot start {}", exe.display()))?;
-    let t = Instant::now();
-    let fitted = loop {
-        if let Some(e) = engine_status(port, engine_pid).filter(|e| e["model_state"] == "fitted") {
-            break e;
-        }
-        if t.elapsed() > args.fit_timeout {
-            bail!(
-                "no fitted baseline within {:?}: see {}",
-                args.fit_timeout,
-                state.join("daemon.log").display()
-            );
-        }
-        std::thread::sleep(Duration::from_secs(2));
-    };
+    let daemon = start_daemon(state, &config)?;
+    let fitted = wait_fitted(port, engine_pid, args.fit_timeout, state)?;
     let ucl = fitted["ucl"].as_f64().context("no UCL in the status")?;
     info!(
         "baseline fitted (UCL {ucl:.3}); {} scenarios × {} trials",
@@ -322,13 +314,14 @@ fn evaluate(
         step.as_secs_f64() * args.span_steps.1
     );
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
-    let exe_s = exe.display().to_string();
+    let exe_s = std::env::current_exe()?.display().to_string();
     let cpus = forward_cpus(engine_pid as u32)
         .iter()
         .map(usize::to_string)
         .collect::<Vec<_>>()
         .join(",");
     let mut records = Vec::new();
+    let mut failed: Vec<String> = Vec::new();
     for s in scenarios {
         for trial in 0..args.trials {
             let lead = step.mul_f64(rng.random_range(args.lead_steps.0..=args.lead_steps.1));
@@ -355,15 +348,25 @@ fn evaluate(
                 .deep_dives
                 .then(|| request_deep_dive(port, engine_pid))
                 .flatten();
-            let out = wait_bounded(child, span + INJECT_GRACE)
-                .with_context(|| format!("{} (trial {trial})", s.name))?;
-            if !out.status.success() {
-                bail!(
-                    "{} (trial {trial}) failed: {}",
-                    s.name,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-            }
+            // A trial whose injector fails or hangs (e.g. blocked in the kernel on the
+            // engine's memory map) is left out and said so; the evaluation goes on.
+            let out = match wait_bounded(child, span + INJECT_GRACE) {
+                Ok(out) if out.status.success() => out,
+                Ok(out) => {
+                    warn!(
+                        "{} trial {trial} left out: the injector failed: {}",
+                        s.name,
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    );
+                    failed.push(format!("{} {trial}", s.name));
+                    continue;
+                }
+                Err(e) => {
+                    warn!("{} trial {trial} left out: {e:#}", s.name);
+                    failed.push(format!("{} {trial}", s.name));
+                    continue;
+                }
+            };
             let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
             // The injector's own start and end: the process start and exit are not injection.
             let inject_from_us = report["started_unix_us"].as_f64().unwrap_or(inject_from_us);
@@ -392,6 +395,21 @@ fn evaluate(
         }
     }
     let _ = daemon.stop(Duration::from_secs(30));
+    if !failed.is_empty() {
+        warn!(
+            "{} of {} trials left out (their injector failed): {}",
+            failed.len(),
+            scenarios.len() * args.trials,
+            failed.join(", ")
+        );
+    }
+    if failed.len() * 4 > scenarios.len() * args.trials {
+        bail!(
+            "{} of {} trials failed to inject: see the warnings above",
+            failed.len(),
+            scenarios.len() * args.trials
+        );
+    }
     if load.failed() > 0 {
         warn!(
             "{} load requests failed during the evaluation",
@@ -424,6 +442,44 @@ fn evaluate(
     write_outputs(&args.out, scenarios, &records, &stream, &run, args)
 }
 
+/// A free loopback port for the daemon's API.
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Starts `stallscope run` with `config` (written to `state`), its log in `state`.
+fn start_daemon(state: &Path, config: &str) -> Result<Group> {
+    let config_path = state.join("evaluate.toml");
+    std::fs::write(&config_path, config)?;
+    let exe = std::env::current_exe()?;
+    Group::spawn(
+        Command::new(&exe)
+            .args(["run", "--config"])
+            .arg(&config_path)
+            .stderr(std::fs::File::create(state.join("daemon.log"))?),
+    )
+    .with_context(|| format!("cannot start {}", exe.display()))
+}
+
+/// Waits for the daemon on `port` to have fitted engine `pid`'s baseline; the engine's status.
+fn wait_fitted(port: u16, pid: u64, timeout: Duration, state: &Path) -> Result<Value> {
+    let t = Instant::now();
+    loop {
+        if let Some(e) = engine_status(port, pid).filter(|e| e["model_state"] == "fitted") {
+            return Ok(e);
+        }
+        if t.elapsed() > timeout {
+            bail!(
+                "no fitted baseline within {timeout:?}: see {}",
+                state.join("daemon.log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
 /// Longest an injector may run past its planned span before the trial is given up.
 const INJECT_GRACE: Duration = Duration::from_secs(30);
 
@@ -449,11 +505,10 @@ fn unix_us() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64() * 1e6)
 }
 
-/// The daemon's configuration for an evaluation: the embedded default with its state under
-/// `state`, every iteration exported, one model (no refit, so one UCL), and deep dives only
-/// on request.
-fn evaluation_config(state: &Path, port: u16, deep_dives: bool) -> String {
-    let mut cfg = DEFAULT_CONFIG
+/// `config` with the daemon's API on loopback `port`, its state under `state` and every
+/// iteration exported.
+fn with_state(config: &str, state: &Path, port: u16) -> String {
+    config
         .replace(
             "listen = \"127.0.0.1:9464\"",
             &format!("listen = \"127.0.0.1:{port}\""),
@@ -466,6 +521,13 @@ fn evaluation_config(state: &Path, port: u16, deep_dives: bool) -> String {
             "iterations_csv = \"\"",
             &format!("iterations_csv = \"{}/iterations.csv\"", state.display()),
         )
+}
+
+/// The daemon's configuration for an evaluation: the embedded default with its state under
+/// `state`, every iteration exported, one model (no refit, so one UCL), and deep dives only
+/// on request.
+fn evaluation_config(state: &Path, port: u16, deep_dives: bool) -> String {
+    let mut cfg = with_state(DEFAULT_CONFIG, state, port)
         .replace("refit_every = 5000", "refit_every = 0")
         .replace("on_alert = true", "on_alert = false")
         .replace("max_per_hour = 6", "max_per_hour = 1000")

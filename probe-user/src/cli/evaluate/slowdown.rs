@@ -24,6 +24,9 @@ struct Step {
     second: i64,
     elapsed_ms: f64,
     decode: bool,
+    /// The workload: requests and tokens.
+    batch: u64,
+    tokens: u64,
 }
 
 /// The engine's steps from its log.
@@ -59,6 +62,8 @@ impl EngineLog {
                     second: it.stamp?.unix_s(year),
                     elapsed_ms: it.elapsed_ms,
                     decode: it.context_requests == 0 && it.generation_requests > 0,
+                    batch: it.batch(),
+                    tokens: it.tokens(),
                 })
             })
             .collect();
@@ -122,6 +127,93 @@ impl EngineLog {
             _ => None,
         };
         Some(Slowdown { step, elapsed })
+    }
+}
+
+/// A steady window's usual pace, to judge an alert inside it by.
+#[derive(Debug)]
+pub struct Pace<'a> {
+    log: &'a EngineLog,
+    /// Median elapsed time of the decode-only steps per workload seen at least
+    /// [`MIN_SAMPLES`] times.
+    usual_ms: std::collections::HashMap<(u64, u64), f64>,
+    /// Median decode period over the window's whole seconds.
+    usual_period: Option<f64>,
+}
+
+/// Steps of one workload before its median is trusted.
+const MIN_SAMPLES: usize = 20;
+
+/// How an alert's span compares with the usual pace, by the engine's own log.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Judged {
+    /// Median over the span's decode-only steps of elapsed time over the usual for their
+    /// workload.
+    pub elapsed: Option<f64>,
+    /// The span's decode period over the window's usual one.
+    pub period: Option<f64>,
+}
+
+impl EngineLog {
+    /// The usual pace over `[from_us, to_us)`.
+    pub fn pace(&self, from_us: f64, to_us: f64) -> Pace<'_> {
+        let (first, end) = ((from_us / 1e6).ceil() as i64, (to_us / 1e6).floor() as i64);
+        let mut by: std::collections::HashMap<(u64, u64), Vec<f64>> = Default::default();
+        for s in self
+            .steps
+            .iter()
+            .filter(|s| s.decode && (first..end).contains(&s.second))
+        {
+            by.entry((s.batch, s.tokens))
+                .or_default()
+                .push(s.elapsed_ms);
+        }
+        let usual_ms = by
+            .into_iter()
+            .filter(|(_, v)| v.len() >= MIN_SAMPLES)
+            .filter_map(|(k, v)| Some((k, median(v)?)))
+            .collect();
+        let periods: Vec<f64> = (first..end)
+            .filter_map(|sec| {
+                self.window(sec as f64 * 1e6, (sec + 1) as f64 * 1e6)?
+                    .decode_period()
+            })
+            .collect();
+        Pace {
+            log: self,
+            usual_ms,
+            usual_period: median(periods),
+        }
+    }
+}
+
+impl Pace<'_> {
+    /// The window's median decode period, ms.
+    pub fn usual_period(&self) -> Option<f64> {
+        self.usual_period
+    }
+
+    /// The engine's pace over the whole seconds that `[from_us, to_us)` touches.
+    pub fn judge(&self, from_us: f64, to_us: f64) -> Judged {
+        let (first, end) = (
+            (from_us / 1e6).floor(),
+            (to_us / 1e6).ceil().max((from_us / 1e6).floor() + 1.0),
+        );
+        let w = self.log.window(first * 1e6, end * 1e6);
+        let ratios: Vec<f64> = self
+            .log
+            .steps
+            .iter()
+            .filter(|s| s.decode && s.second >= first as i64 && s.second < end as i64)
+            .filter_map(|s| Some(s.elapsed_ms / self.usual_ms.get(&(s.batch, s.tokens))?))
+            .collect();
+        Judged {
+            elapsed: median(ratios),
+            period: match (w.and_then(|w| w.decode_period()), self.usual_period) {
+                (Some(p), Some(u)) if u > 0.0 => Some(p / u),
+                _ => None,
+            },
+        }
     }
 }
 
@@ -196,6 +288,27 @@ mod tests {
         assert_eq!(log.slowdown(t0, t0 + 3.2e6, t0 + 4.1e6), None);
         // Nothing logged in the lead: no load, no measure.
         assert_eq!(log.slowdown(t0 + 10e6, t0 + 12e6, t0 + 14e6), None);
+    }
+
+    #[test]
+    fn alerts_are_judged_against_the_usual_pace_of_their_workload() {
+        // 50 s at a decode step every 25 ms (20 ms of it in vLLM's span), then 2 s at a step
+        // every 50 ms (30 ms in the span).
+        let mut text = String::new();
+        for s in 0..50 {
+            text += &lines(s, 40, 20.0, true);
+        }
+        for s in 50..52 {
+            text += &lines(s, 20, 30.0, true);
+        }
+        let log = EngineLog::parse(&text, 2026);
+        let pace = log.pace(at(0), at(52));
+        assert_eq!(pace.usual_period(), Some(25.0));
+        let slow = pace.judge(at(50) + 0.2e6, at(51) + 0.5e6);
+        assert_eq!(slow.elapsed, Some(1.5));
+        assert_eq!(slow.period, Some(2.0));
+        let calm = pace.judge(at(10) + 0.3e6, at(10) + 0.6e6);
+        assert_eq!((calm.elapsed, calm.period), (Some(1.0), Some(1.0)));
     }
 
     /// 2026-11-26 10:00:00 UTC plus `s` seconds, µs.

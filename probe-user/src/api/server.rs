@@ -1,0 +1,128 @@
+//! The HTTP listener's accept loop, with the limits a node daemon needs against clients it
+//! does not control (it listens on the node's network when the fleet scrapes it):
+//! - at most [`MAX_CONNECTIONS`] connections at once; one more is closed at once, so a flood
+//!   cannot starve the Prometheus scrape of file descriptors or memory for long;
+//! - the request head (line and headers) within [`HEAD_TIMEOUT`] (a slow or endless head is
+//!   cut off: slowloris), at most 100 headers (hyper's own limit; 431) and at most
+//!   [`MAX_HEAD_BYTES`] of target and headers (431; hyper's read buffer bounds what is read
+//!   before that check);
+//! - the whole request, body included, answered within [`REQUEST_TIMEOUT`] or refused with
+//!   408 (a body trickled byte by byte);
+//! - a connection is closed after [`MAX_CONNECTION_AGE`] however busy it keeps itself.
+//!
+//! Bodies are bounded per route ([`axum::extract::DefaultBodyLimit`], 413 past it).
+
+use std::{future::Future, pin::pin, sync::Arc, time::Duration};
+
+use axum::{
+    body::Body,
+    extract::Request,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    Router,
+};
+use hyper::body::Incoming;
+use hyper_util::{
+    rt::{TokioIo, TokioTimer},
+    service::TowerToHyperService,
+};
+use tokio::{net::TcpListener, sync::Semaphore};
+use tower::ServiceExt;
+
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Longest a client may take to send a request's line and headers.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest request target and headers, in bytes.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Longest a request may take from its head to its answer.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a connection stays open.
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(300);
+/// How long open connections get to finish once the server stops.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// Serves `app` on `listener` until `stop` resolves, then lets open connections finish for
+/// a moment. `refused` counts the connections closed at the cap.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    refused: prometheus::IntCounter,
+    stop: impl Future<Output = ()>,
+) {
+    let app = app.layer(axum::middleware::from_fn(limits));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT);
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let (closing_tx, closing) = tokio::sync::watch::channel(false);
+    let mut stop = pin!(stop);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(s) => s,
+                Err(e) => {
+                    // Out of fds, or the peer reset before accept: wait, do not spin.
+                    log::debug!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            refused.inc();
+            drop(stream);
+            continue;
+        };
+        let service = TowerToHyperService::new(
+            app.clone()
+                .map_request(|r: Request<Incoming>| r.map(Body::new)),
+        );
+        let conn = http.serve_connection(TokioIo::new(stream), service);
+        let mut closing = closing.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let mut conn = pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = tokio::time::sleep(MAX_CONNECTION_AGE) => {}
+                _ = closing.changed() => {}
+            }
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(DRAIN, conn).await;
+        });
+    }
+    let _ = closing_tx.send(true);
+    // Every connection holds a slot until it ends: wait for them all, at most DRAIN longer.
+    let all = u32::try_from(MAX_CONNECTIONS).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(DRAIN + Duration::from_millis(500), slots.acquire_many(all)).await;
+}
+
+/// Refuses a head over [`MAX_HEAD_BYTES`] (431) and answers 408 to a request not answered
+/// within [`REQUEST_TIMEOUT`] (its body trickled).
+async fn limits(req: Request, next: axum::middleware::Next) -> Response {
+    let head = req.uri().to_string().len()
+        + req
+            .headers()
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum::<usize>();
+    if head > MAX_HEAD_BYTES {
+        return refuse(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            format!("the request's target and headers take {head} bytes, over {MAX_HEAD_BYTES}"),
+        );
+    }
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => refuse(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the request was not received within {REQUEST_TIMEOUT:?}"),
+        ),
+    }
+}
+
+fn refuse(code: StatusCode, why: String) -> Response {
+    (code, axum::Json(serde_json::json!({ "error": why }))).into_response()
+}

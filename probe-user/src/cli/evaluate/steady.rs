@@ -1,0 +1,177 @@
+//! `stallscope evaluate --steady DURATION`: false alerts under healthy load. The daemon runs
+//! with the embedded default configuration as shipped (refits, recalibration, the alert rule),
+//! only its state moved; after its first fit, DURATION of steady load without injection. Each
+//! alert is then judged by the engine's own log: it is explained when vLLM's decode steps
+//! during it were slower than usual by at least the alert's threshold (an alert at UCL 0.15
+//! needs steps 1/(1 − 0.15) = 1.18 times their usual time), by either measure of [`Judged`];
+//! otherwise it is false. Writes steady.json and steady.md.
+
+use std::{fmt::Write as _, path::Path, time::Duration};
+
+use anyhow::{Context, Result};
+use log::info;
+use model::detector::DetectorParams;
+use serde_json::{json, Value};
+
+use super::{
+    api, free_port, load::Load, report, slowdown::EngineLog, start_daemon, unix_us, wait_fitted,
+    with_state, EvaluateArgs,
+};
+use crate::config::DEFAULT_CONFIG;
+
+/// How long before an alert's start its slow iterations began: the rule's window and
+/// persistence, at most (the judged span starts this much earlier).
+fn lead_in(d: &DetectorParams) -> Duration {
+    let us = |s: model::detector::Span| match s {
+        model::detector::Span::Micros(us) => us,
+        // Counted in iterations: a generous second.
+        model::detector::Span::Iterations(_) => 1_000_000,
+    };
+    Duration::from_micros(us(d.window) + us(d.start_after))
+}
+
+pub fn run(
+    args: &EvaluateArgs,
+    duration: Duration,
+    engine_pid: u64,
+    api_port: u16,
+    engine_log: &Path,
+    state: &Path,
+) -> Result<()> {
+    let load = Load::start(api_port, 8, args.seed)?;
+    let port = free_port()?;
+    let config = with_state(DEFAULT_CONFIG, state, port);
+    let daemon = start_daemon(state, &config)?;
+    let fitted = wait_fitted(port, engine_pid, args.fit_timeout, state)?;
+    info!(
+        "baseline fitted (UCL {:.3}); {duration:?} of steady load",
+        fitted["ucl"].as_f64().unwrap_or(f64::NAN)
+    );
+    let from_us = unix_us();
+    let step = Duration::from_secs(60).min(duration);
+    let mut waited = Duration::ZERO;
+    while waited < duration {
+        let d = step.min(duration - waited);
+        std::thread::sleep(d);
+        waited += d;
+        let alerts = api(port, "GET", "/api/v1/alerts", "")
+            .map(|(_, v)| v.as_array().map_or(0, Vec::len))
+            .unwrap_or(0);
+        info!("{waited:?} of {duration:?}: {alerts} alerts since the daemon started");
+    }
+    let to_us = unix_us();
+    let (_, alerts) = api(port, "GET", "/api/v1/alerts", "")?;
+    let (_, status) = api(port, "GET", "/api/v1/status", "")?;
+    let _ = daemon.stop(Duration::from_secs(30));
+    drop(load);
+
+    let detector = crate::config::Config::parse(&config, "steady")?
+        .sentinel
+        .params()
+        .detector;
+    let log = EngineLog::read(engine_log, (to_us / 1e6) as i64)?;
+    let pace = log.pace(from_us, to_us);
+    let stream = report::read_iterations(&state.join("iterations.csv"))?;
+    let decode = stream
+        .iter()
+        .filter(|i| i.start_us >= from_us && i.end_us() <= to_us)
+        .count();
+    let lead_in = lead_in(&detector).as_secs_f64() * 1e6;
+    let mut judged = Vec::new();
+    for a in alerts.as_array().context("/api/v1/alerts is not a list")? {
+        let started = a["started_unix_ms"].as_f64().unwrap_or(0.0) * 1e3;
+        if !(from_us..to_us).contains(&started) {
+            continue;
+        }
+        let ended = a["ended_unix_ms"].as_f64().map_or(to_us, |e| e * 1e3);
+        let threshold = detector.threshold(a["ucl"].as_f64().unwrap_or(0.0));
+        let needed = 1.0 / (1.0 - threshold).max(1e-9);
+        let j = pace.judge(started - lead_in, ended);
+        let explained = [j.elapsed, j.period]
+            .into_iter()
+            .flatten()
+            .any(|x| x >= needed);
+        judged.push(json!({
+            "alert": a,
+            "needed_slowdown": needed,
+            "engine": j,
+            "explained": explained,
+        }));
+    }
+    let false_alerts = judged.iter().filter(|j| j["explained"] == false).count();
+    let flagged: u64 = judged
+        .iter()
+        .filter_map(|j| j["alert"]["iterations"].as_u64())
+        .sum();
+    let engine = status["engines"]
+        .as_array()
+        .and_then(|e| e.iter().find(|e| e["pid"] == engine_pid))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let out = json!({
+        "seed": args.seed,
+        "duration_s": (to_us - from_us) / 1e6,
+        "decode_iterations": decode,
+        "alerts": judged.len(),
+        "false_alerts": false_alerts,
+        "flagged_iterations": flagged,
+        "usual_decode_period_ms": pace.usual_period(),
+        "engine_at_end": engine,
+        "judged": judged,
+    });
+    std::fs::write(
+        args.out.join("steady.json"),
+        serde_json::to_string_pretty(&out)?,
+    )?;
+    let md = markdown(&out);
+    std::fs::write(args.out.join("steady.md"), &md)?;
+    print!("{md}");
+    Ok(())
+}
+
+fn markdown(out: &Value) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# Steady load on vLLM ({:.0} s after the first fit, seed {})\n",
+        out["duration_s"].as_f64().unwrap_or(0.0),
+        out["seed"]
+    );
+    let _ = writeln!(
+        s,
+        "{} decode iterations; {} alerts, {} false (the engine's own steps did not slow by the alert's threshold); {} iterations in alerts. The model at the end: UCL {}, {} samples, recalibration {}.\n",
+        out["decode_iterations"],
+        out["alerts"],
+        out["false_alerts"],
+        out["flagged_iterations"],
+        out["engine_at_end"]["ucl"],
+        out["engine_at_end"]["model_samples"],
+        out["engine_at_end"]["recalibration"]
+    );
+    let judged = out["judged"].as_array().cloned().unwrap_or_default();
+    if !judged.is_empty() {
+        let _ = writeln!(s, "| Alert | Started (unix ms) | Iterations | Slowdown (stallscope) | Needed | vLLM elapsed / usual | vLLM decode period / usual | Verdict |");
+        let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---|");
+        let f = |v: &Value| v.as_f64().map_or("-".into(), |x| format!("{x:.2}"));
+        for j in judged {
+            let a = &j["alert"];
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                a["id"],
+                a["started_unix_ms"],
+                a["iterations"],
+                f(&a["slowdown"]),
+                f(&j["needed_slowdown"]),
+                f(&j["engine"]["elapsed"]),
+                f(&j["engine"]["period"]),
+                if j["explained"] == true {
+                    "explained"
+                } else {
+                    "false"
+                }
+            );
+        }
+    }
+    s
+}
