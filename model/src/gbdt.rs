@@ -1,9 +1,10 @@
 //! A small gradient-boosted regression-tree ensemble (squared loss, histogram splits).
 //!
 //! Why our own: the sentinel predicts one iteration at a time on the daemon's hot path, so
-//! prediction must be a few hundred ns. The trees are stored flat (one `Vec<Node>` for the
-//! whole ensemble, children by index), and fitting bins every feature once into at most 256
-//! quantile bins so a split search is one pass over the rows per feature. smartcore's
+//! prediction must take about a microsecond. The trees are stored flat (one `Vec<Node>` for
+//! the whole ensemble, children by index; [`crate::compiled`] lays them out for prediction),
+//! and fitting bins every feature once into at most 256 quantile bins so a split search is one
+//! pass over the rows. smartcore's
 //! `XGRegressor` (the library option the field notes measured) predicts in ~22 µs per row;
 //! this ensemble's figures are in BENCHMARKS.md.
 
