@@ -244,6 +244,14 @@ fn hostile_requests_are_refused_within_their_limits_and_change_nothing() {
         "refused past the cap: {before} -> {after}"
     );
 
+    // What the daemon writes about the engine is its user's alone.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir.join("iterations.csv"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the iteration export's mode");
+
     // Nothing was started, the engine is still watched and stepping.
     assert!(
         d.deep_dives().is_empty(),

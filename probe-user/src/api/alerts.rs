@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeMap, VecDeque},
-    fs::{File, OpenOptions},
+    fs::File,
     io::Write,
     path::Path,
     sync::{Arc, Mutex},
@@ -106,19 +106,15 @@ impl AlertLog {
     /// Opens (appends to) the alert log at `path`.
     pub fn open(path: &Path) -> Result<AlertLog> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
+            sys_util::private::create_dir(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
         }
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .with_context(|| {
-                format!(
-                    "cannot open the alert log {}: set [state] alerts_log to a writable file",
-                    path.display()
-                )
-            })?;
+        let log = sys_util::private::append_file(path).with_context(|| {
+            format!(
+                "cannot open the alert log {}: set [state] alerts_log to a writable file",
+                path.display()
+            )
+        })?;
         Ok(AlertLog {
             recent: Mutex::new(VecDeque::new()),
             ids: Mutex::new(BTreeMap::new()),

@@ -28,7 +28,7 @@ pub struct IterationCsv {
 impl IterationCsv {
     /// Creates (truncates) the file and writes the header.
     pub fn create(path: &Path) -> Result<Self> {
-        let f = File::create(path).with_context(|| {
+        let f = sys_util::private::create_file(path).with_context(|| {
             format!(
                 "cannot create the iteration export {}: set [state] iterations_csv to a writable path or \"\"",
                 path.display()

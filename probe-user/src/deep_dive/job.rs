@@ -280,7 +280,7 @@ fn write_deep_dive(
     dir: &std::path::Path,
     max_bytes: u64,
 ) -> Result<impl FnOnce(&mut super::registry::Record)> {
-    std::fs::create_dir_all(dir).with_context(|| {
+    sys_util::private::create_dir(dir).with_context(|| {
         format!(
             "cannot create the deep-dive directory {} (set [deep_dive] dir)",
             dir.display()
@@ -288,9 +288,9 @@ fn write_deep_dive(
     })?;
     let trace_path = dir.join(format!("{}-{}.pftrace", req.id, c.pid));
     let report_path = dir.join(format!("{}-{}.json", req.id, c.pid));
-    let trace = std::fs::File::create(&trace_path)
+    let trace = sys_util::private::create_file(&trace_path)
         .with_context(|| format!("cannot create {}", trace_path.display()))?;
-    let report = std::fs::File::create(&report_path)
+    let report = sys_util::private::create_file(&report_path)
         .with_context(|| format!("cannot create {}", report_path.display()))?;
     let baseline = if req.baseline.is_zero() {
         reference.as_deref().map(Baseline::Kept)

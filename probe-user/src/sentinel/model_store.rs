@@ -163,8 +163,10 @@ fn load(path: &Path, fp: &Fingerprint) -> Option<Baseline> {
 /// Writes `b` to `path` whole or not at all (a temporary file renamed into place).
 fn save(path: &Path, b: &Baseline) -> Result<()> {
     let dir = path.parent().expect("models live in a directory");
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    sys_util::private::create_dir(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, b.to_json()).with_context(|| format!("cannot write {}", tmp.display()))?;
+    sys_util::private::write(&tmp, b.to_json().as_bytes())
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
 }
