@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use model::detector::{Detector, DetectorParams, Span};
 use serde_json::{json, Value};
 
-use super::{heatmap::Heatmap, EvaluateArgs, TrialRecord};
+use super::{heatmap::Heatmap, slowdown::median, EvaluateArgs, TrialRecord};
 
 /// Fixed-Window threshold of the paper's Table 5.
 const FIXED_THRESHOLD: f64 = 0.15;
@@ -264,14 +264,6 @@ fn calibration(
             json!({"scenario": s.name, "intensity_means": s.intensity, "bins": bins, "max_slowdown": max, "reach": reach})
         })
         .collect()
-}
-
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    Some(v[v.len() / 2])
 }
 
 pub fn write_outputs(

@@ -236,7 +236,8 @@ impl Window {
     }
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+/// The upper median of `v` (None when empty).
+pub(super) fn median(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
