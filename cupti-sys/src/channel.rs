@@ -7,7 +7,10 @@
 //! consumer; the producer never blocks: a full ring counts a lost event. x86-64 keeps stores
 //! in order, and `write_seq` is published with release ordering after the slot bytes.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{
+    atomic::{AtomicU32, AtomicU64, Ordering},
+    Arc,
+};
 
 use crate::record::{Api, ApiDomain, Memcpy, Memset, Synchronization};
 
@@ -401,9 +404,16 @@ impl Event {
 ///
 /// [`push`]: Channel::push
 /// [`drain`]: Channel::drain
+///
+/// The consumer trusts nothing the mapping holds beyond the magic and slot count checked at
+/// [`Channel::open`]: a write sequence more than one ring ahead of the read one is read once
+/// around and the rest counted lost, one that went backwards is taken up where it now is.
 pub struct Channel {
     base: *mut u8,
     slots: u64,
+    /// The consumer's count of events skipped past a corrupt write sequence (shared by
+    /// aliases).
+    overrun: Arc<AtomicU64>,
 }
 
 // SAFETY: all shared fields are accessed through atomics or behind the sequence protocol.
@@ -421,6 +431,7 @@ impl Channel {
         let c = Channel {
             base: mem,
             slots: slots as u64,
+            overrun: Arc::default(),
         };
         c.u64_at(hdr::SLOTS).store(slots as u64, Ordering::Relaxed);
         c.u64_at(hdr::MAGIC).store(MAGIC, Ordering::Release);
@@ -439,12 +450,14 @@ impl Channel {
         let probe = Channel {
             base: mem,
             slots: 0,
+            overrun: Arc::default(),
         };
         if probe.u64_at(hdr::MAGIC).load(Ordering::Acquire) != MAGIC {
             return None;
         }
         let slots = probe.u64_at(hdr::SLOTS).load(Ordering::Relaxed);
-        (slots > 0 && file_len(slots as usize) <= len).then_some(Channel { base: mem, slots })
+        let fits = (len - HEADER) / SLOT;
+        (slots > 0 && slots <= fits as u64).then_some(Channel { slots, ..probe })
     }
 
     /// A second handle on the same mapping.
@@ -455,6 +468,7 @@ impl Channel {
         Channel {
             base: self.base,
             slots: self.slots,
+            overrun: self.overrun.clone(),
         }
     }
 
@@ -498,9 +512,12 @@ impl Channel {
         self.u64_at(hdr::HEARTBEAT).store(now_ns, Ordering::Release);
     }
 
-    /// Events lost to a full ring.
+    /// Events lost: to a full ring (the producer's count), or skipped by the consumer past a
+    /// corrupt write sequence.
     pub fn lost(&self) -> u64 {
-        self.u64_at(hdr::LOST).load(Ordering::Relaxed)
+        self.u64_at(hdr::LOST)
+            .load(Ordering::Relaxed)
+            .saturating_add(self.overrun.load(Ordering::Relaxed))
     }
 
     /// Records CUPTI reported dropped (its own buffers full).
@@ -571,7 +588,7 @@ impl Channel {
     pub fn push(&self, e: &Event) -> bool {
         let w = self.u64_at(hdr::WRITE_SEQ).load(Ordering::Relaxed);
         let r = self.u64_at(hdr::READ_SEQ).load(Ordering::Acquire);
-        if w - r >= self.slots {
+        if w.wrapping_sub(r) >= self.slots {
             self.u64_at(hdr::LOST).fetch_add(1, Ordering::Relaxed);
             return false;
         }
@@ -582,14 +599,22 @@ impl Channel {
             let dst = self.base.add(HEADER + (w % self.slots) as usize * SLOT);
             std::ptr::copy_nonoverlapping(slot.as_ptr(), dst, SLOT);
         }
-        self.u64_at(hdr::WRITE_SEQ).store(w + 1, Ordering::Release);
+        self.u64_at(hdr::WRITE_SEQ)
+            .store(w.wrapping_add(1), Ordering::Release);
         true
     }
 
     /// Moves every published event into `out`; how many. Single consumer.
     pub fn drain(&self, out: &mut Vec<Event>) -> usize {
-        let r = self.u64_at(hdr::READ_SEQ).load(Ordering::Relaxed);
+        let mut r = self.u64_at(hdr::READ_SEQ).load(Ordering::Relaxed);
         let w = self.u64_at(hdr::WRITE_SEQ).load(Ordering::Acquire);
+        if w < r {
+            r = w;
+        } else if w - r > self.slots {
+            self.overrun
+                .fetch_add(w - r - self.slots, Ordering::Relaxed);
+            r = w - self.slots;
+        }
         for seq in r..w {
             let mut slot = [0u8; SLOT];
             // SAFETY: published slot inside the mapping; the producer does not reuse it until
@@ -607,6 +632,11 @@ impl Channel {
     }
 }
 
+/// Longest name kept (longer ones, a C++ template's mangled name, are cut here).
+pub const MAX_NAME: usize = 16 * 1024;
+/// Names being reassembled at once (the agent sends one name's chunks in a row).
+const MAX_PARTIAL: usize = 64;
+
 /// Reassembles interned names from [`Event::NameChunk`]s.
 #[derive(Debug, Default)]
 pub struct Names {
@@ -615,15 +645,19 @@ pub struct Names {
 }
 
 impl Names {
-    /// Takes a chunk; true when it completed its name.
+    /// Takes a chunk; true when it completed its name. A name is kept to [`MAX_NAME`] bytes;
+    /// past [`MAX_PARTIAL`] names begun and unfinished, the unfinished ones are dropped.
     pub fn feed(&mut self, id: u32, offset: u32, total: u32, bytes: &[u8]) -> bool {
+        if self.partial.len() >= MAX_PARTIAL && !self.partial.contains_key(&id) {
+            self.partial.clear();
+        }
         let buf = self
             .partial
             .entry(id)
-            .or_insert_with(|| vec![0; total as usize]);
+            .or_insert_with(|| vec![0; (total as usize).min(MAX_NAME)]);
         let (o, n) = (offset as usize, bytes.len());
-        if o + n <= buf.len() {
-            buf[o..o + n].copy_from_slice(bytes);
+        if let Some(dst) = buf.get_mut(o..o + n) {
+            dst.copy_from_slice(bytes);
         }
         if o + n >= total as usize {
             let b = self.partial.remove(&id).unwrap_or_default();
@@ -747,6 +781,40 @@ mod tests {
         rx.drain(&mut out);
         assert_eq!(out, ev[4..8]);
         assert_eq!(rx.lost(), 2 + (ev.len() - 8) as u64);
+    }
+
+    #[test]
+    fn corrupt_sequences_are_read_once_around() {
+        let slots = 4;
+        let mut mem = vec![0u64; file_len(slots) / 8];
+        // SAFETY: `mem` is file_len(slots) bytes, 8-aligned, and outlives both channels.
+        let tx = unsafe { Channel::init(mem.as_mut_ptr().cast(), slots) };
+        // SAFETY: as above.
+        let rx = unsafe { Channel::open(mem.as_mut_ptr().cast(), file_len(slots)) }.unwrap();
+        tx.u64_at(hdr::WRITE_SEQ).store(u64::MAX, Ordering::Relaxed);
+        let mut out = Vec::new();
+        assert_eq!(rx.drain(&mut out), slots, "one lap, not 2^64 events");
+        assert_eq!(rx.lost(), u64::MAX - slots as u64);
+        // Backwards: taken up where it is, nothing read.
+        tx.u64_at(hdr::WRITE_SEQ).store(3, Ordering::Relaxed);
+        assert_eq!(rx.drain(&mut out), 0);
+        assert!(tx.push(&events()[0]));
+        assert_eq!(rx.drain(&mut out), 1);
+    }
+
+    #[test]
+    fn names_are_bounded() {
+        let mut names = Names::default();
+        // A name that says it is 4 GiB long takes MAX_NAME bytes; chunks past it are dropped.
+        assert!(!names.feed(1, 0, u32::MAX, b"abc"));
+        assert!(!names.feed(1, u32::MAX - 8, u32::MAX, b"xyz"));
+        assert!(names.feed(1, u32::MAX - 3, u32::MAX, b"end"));
+        assert_eq!(names.get(1).map(str::len), Some(MAX_NAME));
+        // Unfinished names from many ids do not pile up.
+        for id in 10..10_000 {
+            names.feed(id, 0, 1000, b"x");
+        }
+        assert!(names.partial.len() <= MAX_PARTIAL);
     }
 
     #[test]

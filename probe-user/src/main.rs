@@ -1,25 +1,19 @@
 //! stallscope: attach to a running LLM inference engine and find out why single
-//! iterations stall. This binary is the loader, daemon and CLI; it wires the planes
-//! together.
-
-mod api;
-mod cli;
-mod config;
-mod deep_dive;
-mod fleet;
-mod gpu_plane;
-mod kernel_plane;
-mod os;
-mod otlp;
-mod python_plane;
-mod sentinel;
+//! iterations stall. This binary only parses the command line and wires the library's
+//! planes together.
 
 use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-
-use crate::kernel_plane::features::{Features, KernelPaths};
+use probe_user::{
+    cli, config,
+    kernel_plane::{
+        self,
+        features::{Features, KernelPaths},
+    },
+    sentinel,
+};
 
 /// Observability sidecar for LLM inference engines: attaches to a running engine with
 /// no restart and accounts where each thread's time goes.

@@ -8,7 +8,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use memmap2::MmapMut;
 
@@ -24,6 +24,8 @@ const LANE_BASE: usize = 256;
 const LANE_SIZE: usize = 64;
 /// Offset of the probe's response area.
 const CONTROL: usize = 4096;
+/// Most lanes a ring holds: their counters fill the page below the response area.
+pub const MAX_LANES: usize = (CONTROL - LANE_BASE) / LANE_SIZE;
 /// Offset of the first record.
 const RECORDS: usize = 65536;
 const OFF_HEARTBEAT: usize = 24;
@@ -92,17 +94,26 @@ impl Record {
 }
 
 /// The consumer side of a ring file.
+///
+/// Everything in the mapping but the records' bytes is trusted only as far as it is checked:
+/// the target can write any value into its lanes' counters (a bug, or memory it scribbled on),
+/// so a lane that claims more records than it holds is read once around and the rest counted
+/// as lost ([`Ring::lost`]), and no offset is ever taken from the mapping unchecked.
 pub struct Ring {
     path: PathBuf,
     map: MmapMut,
     lanes: usize,
     capacity: usize,
+    /// Records skipped because a lane's counters claimed more than the lane can hold.
+    overrun: AtomicU64,
+    /// Times a lane's write sequence was found below its read sequence.
+    resyncs: AtomicU64,
 }
 
 impl Ring {
     /// Creates (truncating) a ring file with `lanes` lanes of `capacity` records each and maps it.
     pub fn create(path: &Path, lanes: usize, capacity: usize) -> std::io::Result<Ring> {
-        assert!(lanes >= 2 && (LANE_BASE + lanes * LANE_SIZE) <= CONTROL && capacity > 0);
+        assert!((2..=MAX_LANES).contains(&lanes) && capacity > 0);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -125,6 +136,8 @@ impl Ring {
             map,
             lanes,
             capacity,
+            overrun: AtomicU64::new(0),
+            resyncs: AtomicU64::new(0),
         };
         ring.heartbeat(sys_util::clock::monotonic_ns());
         Ok(ring)
@@ -135,25 +148,41 @@ impl Ring {
         let file: File = OpenOptions::new().read(true).write(true).open(path)?;
         // SAFETY: as in `create`.
         let map = unsafe { MmapMut::map_mut(&file)? };
-        let bad = || {
+        Ring::from_mapping(path, map)
+    }
+
+    /// Reads the ring in `map` (a file's mapping, or an anonymous one in tests and fuzzing),
+    /// refusing a header whose lanes or capacity do not fit the mapping. `path` names it in
+    /// errors.
+    pub fn from_mapping(path: &Path, map: MmapMut) -> std::io::Result<Ring> {
+        let bad = |why: &str| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
-                format!("{} is not a stallscope ring", path.display()),
+                format!("{} is not a stallscope ring: {why}", path.display()),
             )
         };
         if map.len() < RECORDS || u64::from_le_bytes(map[0..8].try_into().unwrap()) != MAGIC {
-            return Err(bad());
+            return Err(bad("no ring header"));
         }
         let lanes = u32::from_le_bytes(map[16..20].try_into().unwrap()) as usize;
         let capacity = u32::from_le_bytes(map[20..24].try_into().unwrap()) as usize;
+        if !(2..=MAX_LANES).contains(&lanes) || capacity == 0 {
+            return Err(bad(&format!("{lanes} lanes of {capacity} records")));
+        }
+        // lanes <= 60 and capacity < 2^32: the product fits in 64 bits.
         if map.len() < RECORDS + lanes * capacity * RECORD_SIZE {
-            return Err(bad());
+            return Err(bad(&format!(
+                "{lanes} lanes of {capacity} records do not fit in {} bytes",
+                map.len()
+            )));
         }
         Ok(Ring {
             path: path.to_path_buf(),
             map,
             lanes,
             capacity,
+            overrun: AtomicU64::new(0),
+            resyncs: AtomicU64::new(0),
         })
     }
 
@@ -188,11 +217,18 @@ impl Ring {
         self.load(OFF_STATE)
     }
 
-    /// Sum of the lanes' lost-record counters.
+    /// Records lost: the lanes' own counters (a full lane) plus the records this reader
+    /// skipped because a lane's counters claimed more than the lane holds.
     pub fn lost(&self) -> u64 {
         (0..self.lanes)
             .map(|l| self.load(LANE_BASE + LANE_SIZE * l + 16))
-            .sum()
+            .fold(self.overrun.load(Ordering::Relaxed), u64::saturating_add)
+    }
+
+    /// Times a lane's counters went backwards and the reader took the lane up again from
+    /// where it then was (nothing known lost; a sign of a target writing over the ring).
+    pub fn resyncs(&self) -> u64 {
+        self.resyncs.load(Ordering::Relaxed)
     }
 
     /// Moves every complete record into `out`; returns how many.
@@ -203,6 +239,18 @@ impl Ring {
             let write = self.load(lane_off);
             fence(Ordering::Acquire);
             let mut read = self.load(lane_off + 8);
+            // The producer never runs more than `capacity` ahead, nor backwards. A lane that
+            // says it did has corrupt counters: one that ran ahead is read once around from
+            // `write` backwards (bounding this call) and the rest counted as lost; one that
+            // went back is taken up from where it now says it is, nothing read.
+            if write < read {
+                self.resyncs.fetch_add(1, Ordering::Relaxed);
+                read = write;
+            } else if write - read > self.capacity as u64 {
+                self.overrun
+                    .fetch_add(write - read - self.capacity as u64, Ordering::Relaxed);
+                read = write - self.capacity as u64;
+            }
             while read < write {
                 let off = RECORDS
                     + RECORD_SIZE * (lane * self.capacity + (read % self.capacity as u64) as usize);
@@ -295,5 +343,47 @@ mod tests {
         let reopened = Ring::open(&dir).unwrap();
         assert_eq!(reopened.lost(), 2);
         std::fs::remove_file(&dir).unwrap();
+    }
+
+    #[test]
+    fn corrupt_counters_are_read_once_around_and_counted_lost() {
+        let path = Path::new("corrupt-ring");
+        let mut map = MmapMut::map_anon(RECORDS + 2 * 4 * RECORD_SIZE).unwrap();
+        map[0..8].copy_from_slice(&MAGIC.to_le_bytes());
+        map[16..20].copy_from_slice(&2u32.to_le_bytes());
+        map[20..24].copy_from_slice(&4u32.to_le_bytes());
+        let ring = Ring::from_mapping(path, map).unwrap();
+        // Lane 0 claims a billion records; lane 1's write sequence is below its read one.
+        ring.store(LANE_BASE, 1_000_000_000);
+        ring.store(LANE_BASE + LANE_SIZE, 5);
+        ring.store(LANE_BASE + LANE_SIZE + 8, 9);
+        let mut out = Vec::new();
+        assert_eq!(
+            ring.drain(&mut out),
+            4,
+            "one lap of lane 0, nothing of lane 1"
+        );
+        assert_eq!(ring.lost(), 1_000_000_000 - 4);
+        assert_eq!(ring.resyncs(), 1);
+        // The lanes are consistent again: nothing more to read.
+        assert_eq!(ring.drain(&mut out), 0);
+    }
+
+    #[test]
+    fn headers_that_do_not_fit_are_refused() {
+        for (lanes, capacity, extra) in [
+            (0u32, 4u32, 1024),
+            (61, 1, 1 << 20),
+            (2, 0, 0),
+            (2, 5, 1024),
+            (u32::MAX, u32::MAX, 0),
+        ] {
+            let mut map = MmapMut::map_anon(RECORDS + extra).unwrap();
+            map[0..8].copy_from_slice(&MAGIC.to_le_bytes());
+            map[16..20].copy_from_slice(&lanes.to_le_bytes());
+            map[20..24].copy_from_slice(&capacity.to_le_bytes());
+            let err = Ring::from_mapping(Path::new("r"), map).err();
+            assert!(err.is_some(), "{lanes} x {capacity} in {extra} bytes");
+        }
     }
 }

@@ -9,6 +9,7 @@ mod bench_folds;
 mod bench_python;
 mod bench_sentinel;
 mod bench_trace;
+mod fuzz;
 mod gpu_check;
 mod image;
 mod portable_agent;
@@ -42,14 +43,32 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Set up if needed, then run every check and test (fmt, clippy, unit and end-to-end).
+    /// Set up if needed, then run every check and test (fmt, clippy, unit and end-to-end, a
+    /// bounded fuzz run of every decoder).
     Test,
     /// Run the benchmarks and print a Markdown report (see BENCHMARKS.md).
     Bench {
-        /// Only this part: `kernel`, `python`, `sentinel`, `trace` or `deep-dive` (default: all;
-        /// the sentinel's vLLM part and `deep-dive` need `cargo xtask vllm up` first).
-        #[arg(long, value_parser = ["kernel", "python", "sentinel", "trace", "deep-dive"])]
+        /// Only this part: `kernel`, `python`, `sentinel`, `trace`, `deep-dive` or `fuzz`
+        /// (default: all; the sentinel's vLLM part and `deep-dive` need `cargo xtask vllm up`
+        /// first).
+        #[arg(long, value_parser = ["kernel", "python", "sentinel", "trace", "deep-dive", "fuzz"])]
         only: Option<String>,
+        /// Seconds per fuzz target in the `fuzz` part.
+        #[arg(long, default_value_t = 1800)]
+        fuzz_seconds: u64,
+    },
+    /// Fuzz the decoders of outside bytes (shared-memory ring and agent channel, CUPTI
+    /// records, model files, CSV tables, /proc text, vLLM's log, watch specs, the
+    /// configuration, HTTP requests) with cargo-fuzz on the pinned nightly; fails on a crash.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// libFuzzer processes per target (`-fork`).
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
+        /// Only these targets (default: all).
+        targets: Vec<String>,
     },
     /// The GPU plane on a real GPU (needs a driver and PyTorch; uses the built binaries):
     /// counts, correlation join rate, clock alignment, throughput cost, traces.
@@ -91,6 +110,7 @@ fn main() -> Result<()> {
         Task::Test => {
             setup::run()?;
             cargo(&["fmt", "--all", "--check"])?;
+            cargo(&["fmt", "--manifest-path", "fuzz/Cargo.toml", "--check"])?;
             // The workspace's default members: every crate but probe-ebpf, which only builds
             // for bpfel-unknown-none (probe-user/build.rs compiles it, warnings included).
             cargo(&[
@@ -102,9 +122,19 @@ fn main() -> Result<()> {
                 "warnings",
             ])?;
             cargo(&["test", "--release", "--", "--test-threads=1"])?;
+            // A bounded run over every decoder (the long runs are `bench --only fuzz`).
+            fuzz::run(CI_FUZZ_SECONDS, 1, &[])?;
             vllm_end_to_end()
         }
-        Task::Bench { only } => {
+        Task::Fuzz {
+            seconds,
+            jobs,
+            targets,
+        } => {
+            setup::run()?;
+            fuzz::run(seconds, jobs, &targets).map(drop)
+        }
+        Task::Bench { only, fuzz_seconds } => {
             setup::run()?;
             // Speeds differ several-fold between CPUs of one machine kind: every report says
             // which one it measured.
@@ -129,6 +159,14 @@ fn main() -> Result<()> {
             if part("deep-dive") {
                 bench_deep_dive::run()?;
             }
+            if part("fuzz") {
+                let jobs = std::thread::available_parallelism().map_or(1, usize::from);
+                println!("## Fuzzing ({fuzz_seconds} s per target, {jobs} processes)\n");
+                println!("| target | executions | seconds | crashes |\n|---|---|---|---|");
+                for o in fuzz::run(fuzz_seconds, jobs, &[])? {
+                    println!("| {} | {} | {:.0} | 0 |", o.target, o.runs, o.seconds);
+                }
+            }
             Ok(())
         }
         Task::GpuCheck {
@@ -140,6 +178,9 @@ fn main() -> Result<()> {
         Task::Vllm { cmd } => vllm::run(cmd),
     }
 }
+
+/// Seconds each fuzz target runs in `cargo xtask test`.
+const CI_FUZZ_SECONDS: u64 = 20;
 
 /// The tests that need a real vLLM server, run against one bring-up: the sentinel's end-to-end
 /// test (tests/sentinel_vllm.rs, about 15 minutes), then the serving group with vLLM as one of

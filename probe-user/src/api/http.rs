@@ -71,25 +71,7 @@ pub fn serve(
         use tokio::signal::unix::{signal, SignalKind};
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut sigterm = signal(SignalKind::terminate())?;
-        let app = Router::new()
-            .route("/metrics", get(metrics))
-            .route("/api/v1/status", get(status))
-            .route("/api/v1/alerts", get(alerts))
-            .route("/api/v1/deep-dive", post(start_deep_dive))
-            .route("/api/v1/deep-dives", get(deep_dives))
-            .route("/api/v1/deep-dives/{id}", get(deep_dive_record))
-            .route(
-                "/api/v1/alertmanager",
-                post(alertmanager_webhook).layer(DefaultBodyLimit::max(MAX_WEBHOOK_BODY)),
-            )
-            .with_state(Arc::new(App {
-                shared,
-                started: Instant::now(),
-                loopback,
-                deep_dive,
-                fleet,
-                webhook_calls: Mutex::new(VecDeque::new()),
-            }));
+        let app = router(shared, loopback, deep_dive, fleet);
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let stop_http = stop.clone();
         server::serve(listener, app, refused, async move {
@@ -103,6 +85,35 @@ pub fn serve(
         stop.store(true, Ordering::SeqCst);
         Ok(())
     })
+}
+
+/// The API's routes over `shared`. `loopback`: whether the listener is on a loopback
+/// address (a deep dive needs no token there).
+pub fn router(
+    shared: Arc<Shared>,
+    loopback: bool,
+    deep_dive: DeepDiveConfig,
+    fleet: FleetConfig,
+) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/api/v1/status", get(status))
+        .route("/api/v1/alerts", get(alerts))
+        .route("/api/v1/deep-dive", post(start_deep_dive))
+        .route("/api/v1/deep-dives", get(deep_dives))
+        .route("/api/v1/deep-dives/{id}", get(deep_dive_record))
+        .route(
+            "/api/v1/alertmanager",
+            post(alertmanager_webhook).layer(DefaultBodyLimit::max(MAX_WEBHOOK_BODY)),
+        )
+        .with_state(Arc::new(App {
+            shared,
+            started: Instant::now(),
+            loopback,
+            deep_dive,
+            fleet,
+            webhook_calls: Mutex::new(VecDeque::new()),
+        }))
 }
 
 /// Resolves once `flag` is set (the sentinel loop stopping on its own).

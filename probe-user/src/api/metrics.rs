@@ -123,6 +123,12 @@ fn opts(name: &str, help: &str) -> Opts {
     Opts::new(name, help).namespace("stallscope")
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Self {

@@ -50,10 +50,7 @@ pub async fn serve(
     refused: prometheus::IntCounter,
     stop: impl Future<Output = ()>,
 ) {
-    let app = app.layer(axum::middleware::from_fn(limits));
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(HEAD_TIMEOUT);
+    let app = with_limits(app);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let (closing_tx, closing) = tokio::sync::watch::channel(false);
     let mut stop = pin!(stop);
@@ -75,28 +72,47 @@ pub async fn serve(
             drop(stream);
             continue;
         };
-        let service = TowerToHyperService::new(
-            app.clone()
-                .map_request(|r: Request<Incoming>| r.map(Body::new)),
-        );
-        let conn = http.serve_connection(TokioIo::new(stream), service);
         let mut closing = closing.clone();
+        let app = app.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let mut conn = pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => return,
-                _ = tokio::time::sleep(MAX_CONNECTION_AGE) => {}
-                _ = closing.changed() => {}
-            }
-            conn.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(DRAIN, conn).await;
+            serve_connection(TokioIo::new(stream), app, async move {
+                let _ = closing.changed().await;
+            })
+            .await;
         });
     }
     let _ = closing_tx.send(true);
     // Every connection holds a slot until it ends: wait for them all, at most DRAIN longer.
     let all = u32::try_from(MAX_CONNECTIONS).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(DRAIN + Duration::from_millis(500), slots.acquire_many(all)).await;
+}
+
+/// `app` with the per-request limits (head size, request deadline) of [`serve_connection`].
+pub fn with_limits(app: Router) -> Router {
+    app.layer(axum::middleware::from_fn(limits))
+}
+
+/// Serves one connection of `app` (already [`with_limits`]) until the client ends it, it
+/// reaches [`MAX_CONNECTION_AGE`] or `closing` resolves; then lets it finish its request for
+/// a moment. The accept loop's unit, and what fuzzing feeds bytes to.
+pub async fn serve_connection<I>(io: I, app: Router, closing: impl Future<Output = ()>)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT);
+    let service =
+        TowerToHyperService::new(app.map_request(|r: Request<Incoming>| r.map(Body::new)));
+    let mut conn = pin!(http.serve_connection(io, service));
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = tokio::time::sleep(MAX_CONNECTION_AGE) => {}
+        _ = closing => {}
+    }
+    conn.as_mut().graceful_shutdown();
+    let _ = tokio::time::timeout(DRAIN, conn).await;
 }
 
 /// Refuses a head over [`MAX_HEAD_BYTES`] (431) and answers 408 to a request not answered
