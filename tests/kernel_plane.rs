@@ -68,10 +68,19 @@ fn assert_close(what: &str, ours: u64, kernel: u64) {
 }
 
 /// On-CPU and run-queue wait agree with /proc/PID/task/TID/schedstat within 5 % on a busy
-/// thread and a sleeping thread that share a CPU with a pinned CPU hog.
+/// thread and a sleeping thread that share a CPU with a pinned CPU hog, with the hooks this
+/// kernel takes (tp_btf) and with the raw_tracepoint fallback forced (`--hooks`).
 #[test]
 fn accounting_matches_kernel_schedstat() {
     require_root();
+    for (hooks, kind) in [("auto", "TpBtf"), ("raw-tracepoint", "RawTracepoint")] {
+        eprintln!("--hooks {hooks}");
+        accounting_matches_kernel_schedstat_with(hooks, kind);
+    }
+}
+
+/// The check above with `--hooks hooks`; every hook must attach as `kind`.
+fn accounting_matches_kernel_schedstat_with(hooks: &str, kind: &str) {
     let cpu = (std::thread::available_parallelism().map_or(1, |n| n.get()) - 1).to_string();
     let mix = Workload::start(&["sched-mix", "--cpu", &cpu]);
     let _hog = Workload::start(&["hog", "--cpu", &cpu]);
@@ -80,6 +89,8 @@ fn accounting_matches_kernel_schedstat() {
 
     let mut probe = stallscope()
         .args([
+            "--hooks",
+            hooks,
             "probe",
             "--pid",
             &pid.to_string(),
@@ -93,8 +104,12 @@ fn accounting_matches_kernel_schedstat() {
         .unwrap();
     let mut at_open = None;
     let mut at_close = None;
+    let mut attached = None;
     for line in BufReader::new(probe.stderr.take().unwrap()).lines() {
         let line = line.unwrap();
+        if let Some(list) = line.split("kernel plane attached: ").nth(1) {
+            attached = Some(list.to_string());
+        }
         if line.starts_with("probe: window open") {
             at_open = Some([schedstat(pid, busy), schedstat(pid, sleeper)]);
         } else if line.starts_with("probe: window closed") {
@@ -107,6 +122,12 @@ fn accounting_matches_kernel_schedstat() {
     let (open, close) = (
         at_open.expect("window opened"),
         at_close.expect("window closed"),
+    );
+    let attached = attached.expect("the probe logs how its hooks attached");
+    let hooks: Vec<&str> = attached.split_whitespace().collect();
+    assert!(
+        hooks.len() == 6 && hooks.iter().all(|h| h.ends_with(&format!(":{kind}"))),
+        "every hook as {kind}: {attached}"
     );
 
     for (i, (name, tid)) in [("busy", busy), ("sleeper", sleeper)]
@@ -227,6 +248,57 @@ fn deep_dive_streams_events() {
     assert!(enter > 10_000, "{ev}");
     assert!(enter.abs_diff(exit) < 16, "every enter has its exit: {ev}");
     assert!(report["lost_events"].is_u64());
+}
+
+/// The RLIMIT_MEMLOCK path: kernels before 5.11 charge BPF maps to it, so the loader lifts
+/// its soft limit to the hard one (read from /proc while the probe runs under a 64 KiB soft
+/// limit); with both at 0 nothing can be lifted, and this kernel (6.x, which charges the
+/// memory cgroup instead) still loads every program.
+#[test]
+fn memlock_limit_is_lifted_and_not_needed_on_this_kernel() {
+    require_root();
+    let w = Workload::start(&["sched-mix", "--cpu", "0"]);
+    for (limit, lifted) in [("65536:unlimited", "unlimited"), ("0:0", "0")] {
+        let mut probe = Command::new("prlimit")
+            .arg(format!("--memlock={limit}"))
+            .arg("--")
+            .arg(stallscope().get_program())
+            .args([
+                "probe",
+                "--pid",
+                &w.pid().to_string(),
+                "--duration",
+                "2s",
+                "--json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut soft = None;
+        for line in BufReader::new(probe.stderr.take().unwrap()).lines() {
+            if line.unwrap().starts_with("probe: window open") {
+                let limits =
+                    std::fs::read_to_string(format!("/proc/{}/limits", probe.id())).unwrap();
+                soft = limits
+                    .lines()
+                    .find(|l| l.starts_with("Max locked memory"))
+                    .and_then(|l| l.split_whitespace().nth(3).map(str::to_string));
+            }
+        }
+        let out = probe.wait_with_output().unwrap();
+        assert!(out.status.success(), "--memlock={limit}: the probe failed");
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(
+            report["threads"].as_array().is_some_and(|t| !t.is_empty()),
+            "{report}"
+        );
+        assert_eq!(
+            soft.as_deref(),
+            Some(lifted),
+            "--memlock={limit}: soft limit while loaded"
+        );
+    }
 }
 
 #[test]

@@ -374,8 +374,9 @@ fn a_second_session_is_refused_while_the_first_holds_the_lease() {
     assert!(target.wait_clean_report());
 }
 
-/// A ring file left behind for a target (a daemon killed mid-attach) is removed by the next
-/// attach to it; one young enough to be an attach still in flight is kept.
+/// A ring file left behind for a target (a daemon killed mid-attach: its lock is free) is
+/// removed by the next attach to it, however young; one whose attach is still in flight (a
+/// live process holds its lock) is kept.
 #[test]
 fn an_attach_removes_the_rings_left_behind_for_its_target() {
     require_root();
@@ -384,21 +385,24 @@ fn an_attach_removes_the_rings_left_behind_for_its_target() {
     let ring = |nonce: &str| {
         std::path::PathBuf::from(format!("/dev/shm/stallscope-ring-{}-{nonce}", target.pid))
     };
-    let (old, young) = (ring("dead1"), ring("beef2"));
-    for p in [&old, &young] {
-        std::fs::write(p, b"left behind").unwrap();
-    }
-    std::fs::File::options()
-        .write(true)
-        .open(&old)
-        .unwrap()
-        .set_modified(std::time::SystemTime::now() - Duration::from_secs(600))
-        .unwrap();
+    let (left, in_flight) = (ring("dead1"), ring("beef2"));
+    std::fs::write(&left, b"left behind").unwrap();
+    std::fs::write(&in_flight, b"in flight").unwrap();
+    let holder = std::fs::File::open(&in_flight).unwrap();
+    // SAFETY: flock on an open descriptor, released when `holder` closes.
+    let locked = unsafe {
+        libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&holder),
+            libc::LOCK_EX | libc::LOCK_NB,
+        )
+    };
+    assert_eq!(locked, 0);
     let session = Session::attach(target.pid, attach_options()).unwrap();
-    assert!(!old.exists(), "{} is still there", old.display());
-    assert!(young.exists(), "{} was removed", young.display());
+    assert!(!left.exists(), "{} is still there", left.display());
+    assert!(in_flight.exists(), "{} was removed", in_flight.display());
     session.detach().unwrap();
-    std::fs::remove_file(&young).unwrap();
+    drop(holder);
+    std::fs::remove_file(&in_flight).unwrap();
 }
 
 /// The session keeps the probe's lease, not the draining: a reader that drains nothing for three

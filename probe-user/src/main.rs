@@ -10,7 +10,7 @@ use probe_user::{
     cli, config,
     kernel_plane::{
         self,
-        features::{Features, KernelPaths},
+        features::{Features, Hooks, KernelPaths},
     },
     sentinel,
 };
@@ -36,6 +36,16 @@ struct Cli {
         default_value = "/sys/kernel/tracing"
     )]
     tracefs: PathBuf,
+    /// How the eBPF programs hook the kernel's tracepoints: `auto` (tp_btf where the kernel
+    /// takes it, else raw_tracepoint) or `raw-tracepoint` (every hook).
+    #[arg(
+        long,
+        global = true,
+        env = "STALLSCOPE_HOOKS",
+        value_enum,
+        default_value = "auto"
+    )]
+    hooks: Hooks,
     #[command(subcommand)]
     command: Command,
 }
@@ -137,6 +147,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     let paths = KernelPaths {
         btf: cli.btf,
         tracefs: cli.tracefs,
+        hooks: cli.hooks,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

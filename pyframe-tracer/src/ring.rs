@@ -102,6 +102,8 @@ impl Record {
 pub struct Ring {
     path: PathBuf,
     map: MmapMut,
+    /// The file of a ring this process created, holding its lock (see [`Ring::create`]).
+    _file: Option<File>,
     lanes: usize,
     capacity: usize,
     /// Records skipped because a lane's counters claimed more than the lane can hold.
@@ -111,15 +113,16 @@ pub struct Ring {
 }
 
 impl Ring {
-    /// Creates (truncating) a ring file with `lanes` lanes of `capacity` records each and maps it.
+    /// Creates (replacing) a ring file with `lanes` lanes of `capacity` records each and maps
+    /// it.
+    ///
+    /// The file carries an exclusive `flock` for as long as this `Ring` lives, taken before
+    /// the file has its name ([`sys_util::lock::create_locked`]): a ring file whose lock is
+    /// free belongs to no live attach and can be removed by anyone ([`crate::reap`]), whatever
+    /// its age.
     pub fn create(path: &Path, lanes: usize, capacity: usize) -> std::io::Result<Ring> {
         assert!((2..=MAX_LANES).contains(&lanes) && capacity > 0);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)?;
+        let file = sys_util::lock::create_locked(path)?;
         let size = RECORDS + lanes * capacity * RECORD_SIZE;
         file.set_len(size as u64)?;
         // SAFETY: the file was just created at this size; only this process and the probe map it, and all
@@ -134,6 +137,7 @@ impl Ring {
         let ring = Ring {
             path: path.to_path_buf(),
             map,
+            _file: Some(file),
             lanes,
             capacity,
             overrun: AtomicU64::new(0),
@@ -179,6 +183,7 @@ impl Ring {
         Ok(Ring {
             path: path.to_path_buf(),
             map,
+            _file: None,
             lanes,
             capacity,
             overrun: AtomicU64::new(0),
@@ -342,6 +347,15 @@ mod tests {
         );
         let reopened = Ring::open(&dir).unwrap();
         assert_eq!(reopened.lost(), 2);
+        assert!(
+            sys_util::lock::held(&dir),
+            "the creator holds its ring's lock"
+        );
+        drop((ring, reopened));
+        assert!(
+            !sys_util::lock::held(&dir),
+            "the lock goes with the creator's Ring"
+        );
         std::fs::remove_file(&dir).unwrap();
     }
 

@@ -154,6 +154,9 @@ impl Session {
         let (host_path, ring_in_target) = ring_location(pid)?;
         let ring = Ring::create(&host_path, options.lanes, options.lane_capacity)
             .map_err(|e| Error::io(format!("creating {}", host_path.display()), e))?;
+        // The file goes once the attach request has returned (both sides have it mapped, or
+        // the attach failed), and on every early return before that.
+        let unlink = Unlink(&host_path);
         give_to_target(pid, &host_path)?;
         let ring = Arc::new(ring);
         // Kept from before the attach request: the target may take longer than a short lease
@@ -174,8 +177,7 @@ impl Session {
             pause: Duration::ZERO,
         };
         let result = session.attach_request();
-        // Both sides have it mapped (or the attach failed): no file is left behind either way.
-        let _ = std::fs::remove_file(&host_path);
+        drop(unlink);
         let resp = result?;
         session.framework = resp.framework;
         session.warnings = resp.warnings;
@@ -416,6 +418,15 @@ fn ring_location(pid: i32) -> Result<(PathBuf, String)> {
     Err(Error::Probe(format!(
         "process {pid} has neither /dev/shm nor /tmp for the shared-memory ring"
     )))
+}
+
+/// Removes its file when dropped.
+struct Unlink<'a>(&'a std::path::Path);
+
+impl Drop for Unlink<'_> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0);
+    }
 }
 
 /// Makes the ring file readable and writable by the target's user only.

@@ -12,6 +12,7 @@ mod bench_trace;
 mod fuzz;
 mod gpu_check;
 mod image;
+mod leaks;
 mod portable_agent;
 mod setup;
 mod vllm;
@@ -121,7 +122,7 @@ fn main() -> Result<()> {
                 "-D",
                 "warnings",
             ])?;
-            cargo(&["test", "--release", "--", "--test-threads=1"])?;
+            unit_and_end_to_end_tests()?;
             // A bounded run over every decoder (the long runs are `bench --only fuzz`).
             fuzz::run(CI_FUZZ_SECONDS, 1, &[])?;
             vllm_end_to_end()
@@ -179,6 +180,79 @@ fn main() -> Result<()> {
     }
 }
 
+/// The workspace's tests: unit and doc tests, then each integration test binary on its own,
+/// with a count of the daemon's shared-memory files before and after it (a leak fails it).
+fn unit_and_end_to_end_tests() -> Result<()> {
+    cargo(&[
+        "test",
+        "--release",
+        "--lib",
+        "--bins",
+        "--",
+        "--test-threads=1",
+    ])?;
+    cargo(&["test", "--release", "--doc"])?;
+    for (package, test) in integration_tests()? {
+        let before = leaks::snapshot();
+        cargo(&[
+            "test",
+            "--release",
+            "--package",
+            &package,
+            "--test",
+            &test,
+            "--",
+            "--test-threads=1",
+        ])?;
+        leaks::check(&before, &format!("test binary {test}"))?;
+    }
+    Ok(())
+}
+
+/// `(package, test target)` of every integration test of the default members (those that
+/// need a vLLM server skip, or run without it, here; [`vllm_end_to_end`] runs them with it).
+fn integration_tests() -> Result<Vec<(String, String)>> {
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(root())
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let members: Vec<&str> = meta["workspace_default_members"]
+        .as_array()
+        .context("cargo metadata without workspace_default_members")?
+        .iter()
+        .filter_map(|m| m.as_str())
+        .collect();
+    let mut tests = Vec::new();
+    for p in meta["packages"].as_array().into_iter().flatten() {
+        if !members.contains(&p["id"].as_str().unwrap_or_default()) {
+            continue;
+        }
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let is_test = t["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == "test"));
+            let name = t["name"].as_str().unwrap_or_default();
+            if is_test {
+                tests.push((
+                    p["name"].as_str().unwrap_or_default().to_string(),
+                    name.to_string(),
+                ));
+            }
+        }
+    }
+    Ok(tests)
+}
+
+/// The tests that need a vLLM server, in the order [`vllm_end_to_end`] runs them.
+const VLLM_TESTS: [&str; 2] = ["sentinel_vllm", "fleet"];
+
 /// Seconds each fuzz target runs in `cargo xtask test`.
 const CI_FUZZ_SECONDS: u64 = 20;
 
@@ -189,7 +263,8 @@ const CI_FUZZ_SECONDS: u64 = 20;
 /// server whatever the outcome.
 fn vllm_end_to_end() -> Result<()> {
     let server = vllm::up(8000, None, None, true)?;
-    let result = ["sentinel_vllm", "fleet"].iter().try_for_each(|test| {
+    let result = VLLM_TESTS.iter().try_for_each(|test| {
+        let before = leaks::snapshot();
         run_checked(
             Command::new(env!("CARGO"))
                 .args(["test", "--release", "--test", test, "--", "--nocapture"])
@@ -197,7 +272,8 @@ fn vllm_end_to_end() -> Result<()> {
                 .env("STALLSCOPE_BIN", stallscope_bin())
                 .env("STALLSCOPE_XTASK", root().join("target/release/xtask"))
                 .env("STALLSCOPE_VLLM", &server),
-        )
+        )?;
+        leaks::check(&before, &format!("test binary {test}"))
     });
     let down = vllm::down();
     result.and(down)

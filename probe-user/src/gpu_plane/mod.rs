@@ -186,17 +186,15 @@ impl GpuPlane {
         let own_pid = pod_identity::pid_in_namespace(pid).unwrap_or(pid);
         let shm_inside = format!("/dev/shm/{}", channel::file_name(own_pid));
         let shm = target_path(pid, &shm_inside);
-        if shm.exists() {
+        // The attaching daemon holds the channel's lock until the agent has it mapped and the
+        // file is gone: a file whose lock is free was left by a daemon killed mid-attach.
+        if sys_util::lock::held(&shm) {
             bail!(
-                "process {pid} already has a GPU agent channel ({}): another stallscope is attached, or one was killed less than 30 s ago; detach it or remove the file",
+                "process {pid} already has a GPU agent channel ({}) that another stallscope is attaching through: wait for it, or stop it",
                 shm.display()
             );
         }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&shm)
+        let file = sys_util::lock::create_locked(&shm)
             .with_context(|| format!("cannot create the GPU channel {}", shm.display()))?;
         let cleanup = |e: anyhow::Error| {
             let _ = std::fs::remove_file(&shm);

@@ -7,13 +7,16 @@ use aya::programs::ProgramType;
 
 use crate::os::caps::{CapSet, CAP_BPF, CAP_PERFMON, USED};
 
-/// Where to look for the kernel's BTF and tracefs (overridable for containers and tests).
+/// Where to look for the kernel's BTF and tracefs (overridable for containers and tests), and
+/// which program type hooks the tracepoints.
 #[derive(Clone, Debug)]
 pub struct KernelPaths {
     /// Kernel BTF blob (default `/sys/kernel/btf/vmlinux`).
     pub btf: PathBuf,
     /// tracefs mount point (default `/sys/kernel/tracing`).
     pub tracefs: PathBuf,
+    /// The hooks' program type.
+    pub hooks: Hooks,
 }
 
 impl Default for KernelPaths {
@@ -21,8 +24,20 @@ impl Default for KernelPaths {
         Self {
             btf: PathBuf::from("/sys/kernel/btf/vmlinux"),
             tracefs: PathBuf::from("/sys/kernel/tracing"),
+            hooks: Hooks::Auto,
         }
     }
+}
+
+/// Which program type attaches to the tracepoints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Hooks {
+    /// tp_btf where the kernel takes it, each refused one falling back to raw_tracepoint.
+    #[default]
+    Auto,
+    /// raw_tracepoint for every hook (kernels whose tp_btf attach is broken; and the
+    /// fallback's own test).
+    RawTracepoint,
 }
 
 /// Tracepoints (tracefs `events/` paths) the probes attach to.
@@ -217,6 +232,7 @@ mod tests {
         let paths = KernelPaths {
             btf: "/nonexistent/btf".into(),
             tracefs: "/nonexistent/tracefs".into(),
+            hooks: Hooks::Auto,
         };
         let err = check_tracefs(&paths).unwrap_err();
         assert!(

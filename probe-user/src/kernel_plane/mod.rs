@@ -398,11 +398,13 @@ impl KernelPlane {
     }
 }
 
-/// Attaches every hook: tp_btf when the kernel takes it, else the raw_tracepoint twin.
+/// Attaches every hook: tp_btf when the kernel takes it (and `--hooks` allows it), else the
+/// raw_tracepoint twin.
 fn attach_all(ebpf: &mut Ebpf, btf: &Btf, features: &Features) -> Result<Vec<Hook>> {
     let mut hooks = Vec::new();
+    let try_btf = features.btf && features.paths.hooks == features::Hooks::Auto;
     for (btf_prog, raw_prog, tp) in prog::HOOKS {
-        if features.btf {
+        if try_btf {
             let p: &mut BtfTracePoint = ebpf
                 .program_mut(btf_prog)
                 .ok_or_else(|| anyhow!("eBPF object has no program {btf_prog}"))?

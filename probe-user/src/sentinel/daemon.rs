@@ -43,9 +43,9 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
     features.require()?;
     let listener = http::bind(cfg.http.listen)?;
     for dir in pyframe_tracer::reap::RING_DIRS {
-        for f in pyframe_tracer::reap::dead_targets(std::path::Path::new(dir)) {
+        for f in pyframe_tracer::reap::orphans(std::path::Path::new(dir)) {
             info!(
-                "removed {}: its engine is gone (left by a stallscope that stopped mid-attach)",
+                "removed {}: no attach holds it (left by a stallscope that stopped mid-attach)",
                 f.display()
             );
         }

@@ -1,0 +1,195 @@
+//! The daemon killed (SIGKILL) at random points of its life while it watches the toy engine:
+//! loading its probes, attaching, draining, fitting, and inside a deep dive's capture or its
+//! writing. The engine must keep stepping through it all, the probes of a killed daemon must
+//! remove themselves once its lease runs out, and the next daemon must clean what was left
+//! and attach again.
+//!
+//! `cargo xtask test` kills 10 times; `STALLSCOPE_CHAOS_KILLS=100` is the full run
+//! (BENCHMARKS.md, Reliability), `STALLSCOPE_CHAOS_SEED` replays a run's kill times.
+
+use std::{
+    fs::File,
+    net::TcpStream,
+    path::Path,
+    process::Child,
+    time::{Duration, Instant},
+};
+
+mod common;
+use common::daemon::{config, Daemon};
+use common::{free_port, http_request, require_root, stallscope, start_timed_engine, tmpdir};
+use sys_util::clock::monotonic_ns;
+
+/// The probes' lease in these daemons: a killed daemon's probes remove themselves this long
+/// after its last renewal.
+const LEASE: &str = "1s";
+
+fn kills() -> u64 {
+    std::env::var("STALLSCOPE_CHAOS_KILLS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10)
+}
+
+/// splitmix64: the kill times from one printed seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % n
+    }
+}
+
+/// The test daemon's configuration with a short lease, a quick fit (200 steps) and 1 s deep
+/// dives.
+fn chaos_config(dir: &Path, engine: u32, port: u16) -> std::path::PathBuf {
+    let cfg = config(dir, engine, port, 200);
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace(
+            "poll_interval = \"1ms\"",
+            &format!("poll_interval = \"1ms\"\nprobe_lease = \"{LEASE}\""),
+        )
+        .replace("duration = \"3s\"", "duration = \"1s\"");
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}
+
+fn alive(pid: u32) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks the process.
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}
+
+/// Whether the engine maps anything of stallscope's (the probe's ring).
+fn probe_mapped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap()
+        .contains("stallscope")
+}
+
+fn rings_of(pid: u32) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("stallscope-ring-{pid}-")))
+        .collect()
+}
+
+fn kill(child: &mut Child) {
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+}
+
+#[test]
+fn killed_daemons_never_harm_the_engine_and_the_next_one_cleans_up() {
+    require_root();
+    let dir = tmpdir("chaos");
+    let times = dir.join("toy-steps.txt");
+    let engine = start_timed_engine(&times);
+    let pid = engine.id();
+    let seed = std::env::var("STALLSCOPE_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(monotonic_ns);
+    eprintln!("chaos: {} kills, STALLSCOPE_CHAOS_SEED={seed}", kills());
+    let mut rng = Rng(seed);
+    let start_ns = monotonic_ns();
+    let mut in_deep_dive = 0;
+    for i in 0..kills() {
+        let port = free_port();
+        let cfg = chaos_config(&dir, pid, port);
+        let log = File::create(dir.join(format!("daemon-{i}.log"))).unwrap();
+        let mut daemon = stallscope()
+            .arg("run")
+            .arg("--config")
+            .arg(&cfg)
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        // One kill in three lands in a deep dive: asked for as soon as the daemon answers,
+        // killed within its 1 s capture or while it writes the trace.
+        let after = if i % 3 == 2 {
+            let limit = Instant::now() + Duration::from_secs(20);
+            while TcpStream::connect(("127.0.0.1", port)).is_err() && Instant::now() < limit {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let body = format!(r#"{{"pid":{pid},"duration":"1s"}}"#);
+            let (code, _) = http_request(port, "POST", "/api/v1/deep-dive", "", &body);
+            in_deep_dive += u64::from(code == 202);
+            Duration::from_millis(rng.below(2500))
+        } else {
+            Duration::from_millis(rng.below(4000))
+        };
+        std::thread::sleep(after);
+        kill(&mut daemon);
+        assert!(
+            alive(pid),
+            "kill {i} ({after:?} into the daemon's life): the engine died"
+        );
+    }
+    eprintln!("chaos: {in_deep_dive} kills came during a deep dive");
+
+    // The last killed daemon's probes go once its lease runs out.
+    let limit = Instant::now() + Duration::from_secs(15);
+    while probe_mapped(pid) {
+        assert!(
+            Instant::now() < limit,
+            "the probe is still mapped 15 s after its daemon was killed (lease {LEASE})"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The next daemon cleans what was left (rings of attaches it was killed in) and attaches.
+    let port = free_port();
+    let mut last = Daemon::start_with(&dir, port, chaos_config(&dir, pid, port));
+    last.wait_for("iterations", Duration::from_secs(60), |d| {
+        d.iterations() > 50
+    });
+    assert!(
+        rings_of(pid).is_empty(),
+        "ring files left after the next daemon attached: {:?}",
+        rings_of(pid)
+    );
+    assert!(last.stop().success());
+    let limit = Instant::now() + Duration::from_secs(10);
+    while probe_mapped(pid) {
+        assert!(
+            Instant::now() < limit,
+            "the probe stayed after a clean stop"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The engine's own clock: it stepped all along. The toy flushes its file every 50 steps.
+    let end_ns = monotonic_ns();
+    std::thread::sleep(Duration::from_secs(1));
+    let ends: Vec<u64> = std::fs::read_to_string(&times)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').next()?.parse().ok())
+        .filter(|e| (start_ns..end_ns).contains(e))
+        .collect();
+    let longest_gap = ends
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or(u64::MAX);
+    eprintln!(
+        "chaos: {} engine steps in {:.1} s, longest gap between two {:.1} ms",
+        ends.len(),
+        (end_ns - start_ns) as f64 / 1e9,
+        longest_gap as f64 / 1e6
+    );
+    assert!(
+        longest_gap < 1_000_000_000,
+        "the engine stopped stepping for {} ms",
+        longest_gap / 1_000_000
+    );
+    assert!(alive(pid));
+}
