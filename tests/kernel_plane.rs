@@ -258,7 +258,25 @@ fn deep_dive_streams_events() {
 fn memlock_limit_is_lifted_and_not_needed_on_this_kernel() {
     require_root();
     let w = Workload::start(&["sched-mix", "--cpu", "0"]);
-    for (limit, lifted) in [("65536:unlimited", "unlimited"), ("0:0", "0")] {
+    // The hard limit as it is (raising it needs CAP_SYS_RESOURCE, which a sandbox may lack).
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit with a valid pointer.
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) },
+        0
+    );
+    let hard = if lim.rlim_max == libc::RLIM_INFINITY {
+        "unlimited".to_string()
+    } else {
+        lim.rlim_max.to_string()
+    };
+    for (limit, lifted) in [
+        (format!("65536:{hard}"), hard.as_str()),
+        ("0:0".to_string(), "0"),
+    ] {
         let mut probe = Command::new("prlimit")
             .arg(format!("--memlock={limit}"))
             .arg("--")

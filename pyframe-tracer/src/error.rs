@@ -99,6 +99,14 @@ pub enum Error {
     /// The probe inside the target refused a request.
     #[error("{0}")]
     Probe(String),
+    /// Another session's probes hold the target: their stallscope renews their lease.
+    #[error("{why}")]
+    Watched {
+        /// The probe's account (who, how long ago the lease was renewed).
+        why: String,
+        /// When the lease runs out if its holder has stopped renewing it.
+        retry_after: std::time::Duration,
+    },
     /// A watch spec could not be parsed.
     #[error("bad watch spec {spec:?}: {why}. Expected MODULE:QUALNAME[name=EXPR;...] with EXPR an attribute path from a parameter, optionally in len(...) or sum(...)")]
     BadSpec {

@@ -510,7 +510,7 @@ class _Probe:
             beat = self.ring.heartbeat()
             age = _mono() - beat if beat else None
             if age is not None and age <= self.lease_ns:
-                return {"ok": False, "busy": True,
+                return {"ok": False, "busy": True, "retry_after_ns": max(0, self.lease_ns - age),
                         "error": "process %d is already watched by another stallscope (its probes' lease was "
                                  "renewed %.1f s ago and lasts %.0f s): stop that stallscope, or, if it was killed, "
                                  "attach again once its lease has run out" % (os.getpid(), age / 1e9, self.lease_ns / 1e9)}

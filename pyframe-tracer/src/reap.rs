@@ -49,7 +49,7 @@ fn reap(dir: &Path, stale: impl Fn(i32, &Path) -> bool) -> Vec<PathBuf> {
         .filter_map(|e| {
             let path = e.path();
             let pid = ring_pid(&e.file_name().to_string_lossy())?;
-            (stale(pid, &path) && std::fs::remove_file(&path).is_ok()).then_some(path)
+            (stale(pid, &path) && sys_util::lock::remove(&path).is_ok()).then_some(path)
         })
         .collect()
 }

@@ -104,6 +104,12 @@ struct Response {
     probes: Vec<ProbeInfo>,
     #[serde(default)]
     errors: Vec<String>,
+    /// Set when another session's probes hold the target (their lease is being renewed).
+    #[serde(default)]
+    busy: bool,
+    /// When that lease runs out if no one renews it, ns from the probe's answer.
+    #[serde(default)]
+    retry_after_ns: u64,
 }
 
 /// One timed call, decoded.
@@ -152,11 +158,16 @@ impl Session {
         let runtime = python::find(pid)?;
         crate::reap::stale_of(pid);
         let (host_path, ring_in_target) = ring_location(pid)?;
+        // The file goes once the attach request has returned (both sides have it mapped, or
+        // the attach failed), and on every early return before that, through its directory
+        // opened first (the path through /proc/PID/root dies with the target).
+        let unlink = Unlink {
+            dir: std::fs::File::open(host_path.parent().unwrap_or(std::path::Path::new("/")))
+                .map_err(|e| Error::io(format!("opening {}", host_path.display()), e))?,
+            name: host_path.file_name().unwrap_or_default(),
+        };
         let ring = Ring::create(&host_path, options.lanes, options.lane_capacity)
             .map_err(|e| Error::io(format!("creating {}", host_path.display()), e))?;
-        // The file goes once the attach request has returned (both sides have it mapped, or
-        // the attach failed), and on every early return before that.
-        let unlink = Unlink(&host_path);
         give_to_target(pid, &host_path)?;
         let ring = Arc::new(ring);
         // Kept from before the attach request: the target may take longer than a short lease
@@ -214,6 +225,12 @@ impl Session {
             "profiles": profiles,
         });
         let resp = self.request(req)?;
+        if resp.busy {
+            return Err(Error::Watched {
+                why: resp.error.unwrap_or_default(),
+                retry_after: Duration::from_nanos(resp.retry_after_ns),
+            });
+        }
         if !resp.ok {
             return Err(Error::Probe(
                 resp.error
@@ -420,12 +437,15 @@ fn ring_location(pid: i32) -> Result<(PathBuf, String)> {
     )))
 }
 
-/// Removes its file when dropped.
-struct Unlink<'a>(&'a std::path::Path);
+/// Removes file `name` of directory `dir` when dropped.
+struct Unlink<'a> {
+    dir: std::fs::File,
+    name: &'a std::ffi::OsStr,
+}
 
 impl Drop for Unlink<'_> {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(self.0);
+        let _ = sys_util::lock::remove_at(&self.dir, self.name);
     }
 }
 

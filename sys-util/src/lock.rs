@@ -84,6 +84,46 @@ pub fn held(path: &Path) -> bool {
     rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK)
 }
 
+/// Removes the file at `path`. In a sticky directory (`/dev/shm`, `/tmp`) a file handed to
+/// another user cannot be removed by its creator; it is taken back first (`chown` to this
+/// process's user, which the hand-over needed CAP_CHOWN for anyway).
+pub fn remove(path: &Path) -> io::Result<()> {
+    let dir = File::open(path.parent().unwrap_or(Path::new(".")))?;
+    remove_at(&dir, path.file_name().unwrap_or_default())
+}
+
+/// [`remove`] of `name` in the open directory `dir`: still reachable when the path the
+/// directory was opened by is gone (another process's `/proc/PID/root/...` once it exited).
+pub fn remove_at(dir: &File, name: &std::ffi::OsStr) -> io::Result<()> {
+    let name = std::ffi::CString::new(name.as_encoded_bytes())?;
+    let unlink = || {
+        // SAFETY: an open directory and a NUL-terminated name.
+        match unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) } {
+            0 => Ok(()),
+            _ => Err(io::Error::last_os_error()),
+        }
+    };
+    match unlink() {
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            // SAFETY: as above; geteuid/getegid take no pointers.
+            let rc = unsafe {
+                libc::fchownat(
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    libc::geteuid(),
+                    libc::getegid(),
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            unlink()
+        }
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,7 +143,8 @@ mod tests {
         );
         drop(file);
         assert!(!held(&path));
-        std::fs::remove_file(&path).unwrap();
+        remove(&path).unwrap();
+        assert!(!path.exists());
         assert!(!held(&path), "a missing file is not held");
     }
 }

@@ -4,6 +4,7 @@ Usage: python py_loop.py MODE [THREADS]
   MODE sleep   — each call sleeps 1 ms (the thread is parked in clock_nanosleep most of the time)
   MODE busy    — each call spins ~1 ms in pure Python (no syscalls except the stamp line)
   MODE threads — THREADS worker threads run the sleep loop; the main thread polls them
+  MODE busy-threads — THREADS worker threads run the busy loop (contending for the GIL); the main thread polls
   MODE blocked — the main thread blocks in read() on a pipe until a line arrives on stdin, then runs the sleep loop
   MODE exit-soon — like blocked, but the process exits (status 3) as soon as stallscope's ring for it appears in
                    /dev/shm (an attach is under way, however long stallscope took to start), without ever running
@@ -79,8 +80,9 @@ def main():
     stop = threading.Event()
     if mode in ("sleep", "busy"):
         loop(0, mode, stop)
-    elif mode == "threads":
-        workers = [threading.Thread(target=loop, args=(i, "sleep", stop), daemon=True)
+    elif mode in ("threads", "busy-threads"):
+        each = "busy" if mode == "busy-threads" else "sleep"
+        workers = [threading.Thread(target=loop, args=(i, each, stop), daemon=True)
                    for i in range(int(sys.argv[2]))]
         for w in workers:
             w.start()

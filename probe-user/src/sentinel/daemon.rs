@@ -10,7 +10,7 @@ use std::{
         atomic::{AtomicBool, Ordering},
         Arc,
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use crate::fleet::upload::{Counters, Uploader};
@@ -36,6 +36,16 @@ use crate::{
     },
     os::procfs,
 };
+
+/// How long the lease of the probes that refused an attach has left, when that was the
+/// refusal.
+fn lease_left(e: &anyhow::Error) -> Option<Duration> {
+    e.chain()
+        .find_map(|c| match c.downcast_ref::<pyframe_tracer::Error>() {
+            Some(pyframe_tracer::Error::Watched { retry_after, .. }) => Some(*retry_after),
+            _ => None,
+        })
+}
 
 /// Runs the daemon until SIGINT or SIGTERM.
 pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
@@ -100,7 +110,17 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
             bail!("no process with pid {pid}: check the engine's pid (pgrep -f EngineCore)");
         }
         let placed = daemon.identities.wait(pid);
-        match Engine::attach(pid, placed.identity, &cfg.sentinel, &cfg.state.dir) {
+        let mut attached =
+            Engine::attach(pid, placed.identity.clone(), &cfg.sentinel, &cfg.state.dir);
+        // Probes another stallscope renews refuse this attach. When that stallscope was
+        // killed (a restart after a crash), its lease runs out within one lease: wait it out
+        // once rather than exit.
+        if let Some(wait) = attached.as_ref().err().and_then(lease_left) {
+            info!("engine {pid}: another stallscope's probes hold it; retrying in {wait:?}, once their lease has run out if no one renews it");
+            std::thread::sleep(wait + Duration::from_millis(250));
+            attached = Engine::attach(pid, placed.identity, &cfg.sentinel, &cfg.state.dir);
+        }
+        match attached {
             Ok(e) => {
                 daemon.engines.insert(pid, e);
             }
