@@ -16,8 +16,11 @@ use std::{
 };
 
 mod common;
-use common::daemon::{config, Daemon};
-use common::{free_port, http_request, require_root, stallscope, start_timed_engine, tmpdir};
+use common::daemon::{config, metric, Daemon};
+use common::{
+    expect_failure, free_port, http_request, require_root, stallscope, start_engine,
+    start_timed_engine, tmpdir,
+};
 use sys_util::clock::monotonic_ns;
 
 /// The probes' lease in these daemons: a killed daemon's probes remove themselves this long
@@ -192,4 +195,88 @@ fn killed_daemons_never_harm_the_engine_and_the_next_one_cleans_up() {
         longest_gap / 1_000_000
     );
     assert!(alive(pid));
+}
+
+/// A tmpfs mounted for a test, unmounted on drop.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(at).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "stallscope-test",
+            ])
+            .arg(at)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mount tmpfs on {}", at.display());
+        Tmpfs(at.to_path_buf())
+    }
+
+    fn read_only(&self) {
+        let ok = std::process::Command::new("mount")
+            .args(["-o", "remount,ro"])
+            .arg(&self.0)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "remount {} read-only", self.0.display());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The state directory fills up (a 256 KiB tmpfs) under the iteration export: the daemon goes
+/// on following the engine, serving its API and counting the failed writes in
+/// stallscope_state_write_failures_total; a read-only state directory at start-up is one clear
+/// error naming the file.
+#[test]
+fn a_full_or_read_only_state_directory_stops_nothing_silently() {
+    require_root();
+    let dir = tmpdir("full-state");
+    let state = Tmpfs::mount(&dir.join("state"), "256k");
+    let engine = start_engine();
+    let port = free_port();
+    let cfg = config(&state.0, engine.id(), port, 300);
+    let mut d = Daemon::start_with(&dir, port, cfg.clone());
+    let failed = |d: &Daemon, file: &str| {
+        let name = format!("stallscope_state_write_failures_total{{file=\"{file}\"}}");
+        metric(&d.get("/metrics"), &name)
+    };
+    // The export fills the disk (the model saved at the fit may fail before it: counted too).
+    d.wait_for("the export's failed write", Duration::from_secs(120), |d| {
+        failed(d, "export") >= 1.0
+    });
+    eprintln!(
+        "failed writes: export {}, model {}, alert log {}",
+        failed(&d, "export"),
+        failed(&d, "model"),
+        failed(&d, "alert_log")
+    );
+    let before = d.iterations();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        d.iterations() > before + 100,
+        "the daemon stopped following the engine once its disk was full ({before} -> {})",
+        d.iterations()
+    );
+    assert!(d.log().contains("iteration export stopped"), "{}", d.log());
+    assert!(d.stop().success(), "{}", d.log());
+
+    state.read_only();
+    let e = expect_failure(stallscope().arg("run").arg("--config").arg(&cfg));
+    assert!(
+        e.contains("cannot") && e.contains(&state.0.display().to_string()),
+        "one error naming the read-only state directory: {e}"
+    );
 }

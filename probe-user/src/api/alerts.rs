@@ -99,12 +99,15 @@ pub struct AlertLog {
     /// again goes on counting instead of reusing ids.
     ids: Mutex<BTreeMap<u32, u64>>,
     log: Mutex<File>,
+    /// Lines the log could not take.
+    failures: prometheus::IntCounter,
     sinks: Mutex<Vec<Arc<dyn AlertSink>>>,
 }
 
 impl AlertLog {
-    /// Opens (appends to) the alert log at `path`.
-    pub fn open(path: &Path) -> Result<AlertLog> {
+    /// Opens (appends to) the alert log at `path`; a line it cannot take later is counted in
+    /// `failures`.
+    pub fn open(path: &Path, failures: prometheus::IntCounter) -> Result<AlertLog> {
         if let Some(dir) = path.parent() {
             sys_util::private::create_dir(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
@@ -116,6 +119,7 @@ impl AlertLog {
             )
         })?;
         Ok(AlertLog {
+            failures,
             recent: Mutex::new(VecDeque::new()),
             ids: Mutex::new(BTreeMap::new()),
             log: Mutex::new(log),
@@ -147,7 +151,8 @@ impl AlertLog {
         line["event"] = event.into();
         let mut log = self.log.lock().expect("log lock");
         if let Err(e) = writeln!(log, "{line}").and_then(|_| log.flush()) {
-            log::warn!("cannot append to the alert log: {e}");
+            self.failures.inc();
+            log::warn!("cannot append to the alert log: {e} (counted in stallscope_state_write_failures_total)");
         }
     }
 

@@ -111,6 +111,9 @@ pub struct Metrics {
     pub store_dropped: IntCounter,
     /// Failed store requests (each retried).
     pub store_failures: IntCounter,
+    /// Writes into the state directory that failed (`file`: alert_log, export, model), a full
+    /// disk or a read-only directory; the daemon goes on without them.
+    pub state_write_failures: IntCounterVec,
     /// Each serving group of this node's engines (`[fleet] group`, or each engine's pod
     /// label), as a label of a series at 1: Prometheus rules join a node's alerts to its
     /// groups through it.
@@ -212,6 +215,7 @@ impl Metrics {
             store_uploaded: reg(r, IntCounter::with_opts(opts("store_uploaded_total", "Deep dives uploaded to the shared store")).unwrap()),
             store_dropped: reg(r, IntCounter::with_opts(opts("store_dropped_total", "Deep dives not uploaded to the shared store (queue full while it was slow or down, or waiting at shutdown)")).unwrap()),
             store_failures: reg(r, IntCounter::with_opts(opts("store_failures_total", "Failed requests to the shared store (retried)")).unwrap()),
+            state_write_failures: reg(r, IntCounterVec::new(opts("state_write_failures_total", "Writes into the state directory that failed (full disk, read-only directory); the daemon goes on without them"), &["file"]).unwrap()),
             fleet_group: reg(r, IntGaugeVec::new(opts("fleet_group_info", "1 per serving group of this node's engines ([fleet] group or group_pod_label), with this node's name ([fleet] node)"), &["serving_group", "node"]).unwrap()),
             http_refused_connections: reg(r, IntCounter::with_opts(opts("http_refused_connections_total", "HTTP connections closed at once because the listener already served its maximum")).unwrap()),
             registry,

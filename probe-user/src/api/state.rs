@@ -23,11 +23,18 @@ pub struct Shared {
 impl Shared {
     /// Opens (appends to) the alert log.
     pub fn new(alerts_log: &Path) -> Result<Self> {
+        let metrics = Metrics::new();
+        let alerts = AlertLog::open(
+            alerts_log,
+            metrics
+                .state_write_failures
+                .with_label_values(&["alert_log"]),
+        )?;
         Ok(Self {
-            metrics: Metrics::new(),
+            metrics,
             engines: EngineBoard::default(),
             deep_dive: Arc::default(),
-            alerts: AlertLog::open(alerts_log)?,
+            alerts,
         })
     }
 }

@@ -146,7 +146,13 @@ impl Engine {
         self.anchor.settle(self.pid);
         self.lost.update(self.session.lost_records(), shared);
         self.gpu.poll(shared);
-        self.models.manage(&mut self.sentinel);
+        self.models.manage(
+            &mut self.sentinel,
+            &shared
+                .metrics
+                .state_write_failures
+                .with_label_values(&["model"]),
+        );
         if self.healthy() {
             self.healthy_since.get_or_insert_with(Instant::now);
         } else {
@@ -182,7 +188,12 @@ impl Engine {
         self.alerts.observe(it, &v, decided_ns, shared);
         if let Some(out) = export {
             if let Err(e) = out.write(self.pid, it, v.predicted_us) {
-                warn!("iteration export stopped: {e:#}");
+                shared
+                    .metrics
+                    .state_write_failures
+                    .with_label_values(&["export"])
+                    .inc();
+                warn!("iteration export stopped: {e:#} (counted in stallscope_state_write_failures_total)");
                 *export = None;
             }
         }

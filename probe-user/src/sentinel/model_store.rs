@@ -56,7 +56,8 @@ impl ModelStore {
     }
 
     /// Installs (and saves) a fit that is done, and starts one when the sentinel has one due.
-    pub fn manage(&mut self, sentinel: &mut Sentinel) {
+    /// A model that cannot be saved is still used, and counted in `failures`.
+    pub fn manage(&mut self, sentinel: &mut Sentinel, failures: &prometheus::IntCounter) {
         let pid = self.pid;
         if self.fit.as_ref().is_some_and(|h| h.is_finished()) {
             match self.fit.take().expect("checked").join() {
@@ -69,7 +70,8 @@ impl ModelStore {
                         b.ucl.limit
                     );
                     if let Err(e) = save(&self.path, &b) {
-                        warn!("{e:#}");
+                        failures.inc();
+                        warn!("{e:#} (the model is used, not kept)");
                     }
                     sentinel.install(b);
                 }
