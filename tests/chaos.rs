@@ -115,16 +115,26 @@ fn killed_daemons_never_harm_the_engine_and_the_next_one_cleans_up() {
             .stderr(log)
             .spawn()
             .unwrap();
-        // One kill in three lands in a deep dive: asked for as soon as the daemon answers,
-        // killed within its 1 s capture or while it writes the trace.
+        // One kill in three lands in a deep dive: asked for as soon as the daemon lists the
+        // engine, killed within its 1 s capture or while it writes the trace.
         let after = if i % 3 == 2 {
             let limit = Instant::now() + Duration::from_secs(20);
-            while TcpStream::connect(("127.0.0.1", port)).is_err() && Instant::now() < limit {
+            let listed = || {
+                TcpStream::connect(("127.0.0.1", port)).is_ok()
+                    && http_request(port, "GET", "/api/v1/status", "", "")
+                        .1
+                        .contains(&format!("\"pid\":{pid}"))
+            };
+            while !listed() && Instant::now() < limit {
                 std::thread::sleep(Duration::from_millis(20));
             }
-            let body = format!(r#"{{"pid":{pid},"duration":"1s"}}"#);
-            let (code, _) = http_request(port, "POST", "/api/v1/deep-dive", "", &body);
-            in_deep_dive += u64::from(code == 202);
+            let body = format!(r#"{{"pid":{pid},"duration_s":1}}"#);
+            let (code, answer) = http_request(port, "POST", "/api/v1/deep-dive", "", &body);
+            if code == 202 {
+                in_deep_dive += 1;
+            } else {
+                eprintln!("chaos: kill {i}: no deep dive ({code} {answer})");
+            }
             Duration::from_millis(rng.below(2500))
         } else {
             Duration::from_millis(rng.below(4000))
@@ -137,6 +147,11 @@ fn killed_daemons_never_harm_the_engine_and_the_next_one_cleans_up() {
         );
     }
     eprintln!("chaos: {in_deep_dive} kills came during a deep dive");
+    assert!(
+        in_deep_dive >= kills() / 6,
+        "only {in_deep_dive} of the {} kills meant to come during a deep dive did",
+        kills() / 3
+    );
 
     // The last killed daemon's probes go once its lease runs out.
     let limit = Instant::now() + Duration::from_secs(15);

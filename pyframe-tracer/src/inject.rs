@@ -5,8 +5,10 @@
 //! safe point, holding the GIL. The probe unmaps the region itself once it runs.
 //! CPython 3.14+: PEP 768 — the line goes into a script file the target can read, and the main thread state's
 //! remote-debugger fields ask the interpreter to run it; no ptrace at all.
-//! Either way a request that is not picked up in time is cancelled (the region's first byte becomes `#`, which
-//! turns the line into a comment; PEP 768's pending flag is cleared), so the target never runs a stale request.
+//! Either way a request that is not picked up in time is cancelled, so the target never runs a stale request:
+//! before 3.14 the region holds `if 1: REQUEST` / `else: UNMAP`, and a cancel turns the `1` into `0` (one byte,
+//! so the interpreter reads either whole), which leaves only the region's own unmapping to run; PEP 768's
+//! pending flag is cleared.
 
 use std::time::{Duration, Instant};
 
@@ -104,7 +106,7 @@ fn queue_pending_call(
     build: impl Fn(u64, u64) -> String,
 ) -> Result<(Queued, QueueCost)> {
     let libc = libc_symbol(pid, "mmap")?;
-    let size = (build(u64::MAX, u64::MAX).len() as u64 + 1).div_ceil(PAGE) * PAGE;
+    let size = (guarded(&build, u64::MAX, u64::MAX).len() as u64 + 1).div_ceil(PAGE) * PAGE;
     let mut thread = remote_call::borrow_thread(pid, options)?;
     let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
     let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
@@ -116,7 +118,7 @@ fn queue_pending_call(
             what: format!("mmap in the target failed ({})", -(region as i64)),
         });
     }
-    let mut text = build(region, size).into_bytes();
+    let mut text = guarded(&build, region, size).into_bytes();
     text.push(0);
     let write = ProcessMemory::new(pid)
         .write(region, &text)
@@ -134,6 +136,20 @@ fn queue_pending_call(
         )));
     }
     Ok((Queued::PendingCall { region }, QueueCost { pause }))
+}
+
+/// Where [`guarded`] puts the byte a cancel turns from `1` to `0`.
+const CANCEL_AT: u64 = 3;
+
+/// The source a pending call runs from `region` (`size` bytes): the request while it stands,
+/// else only the region's unmapping (the request unmaps the region itself when it runs).
+fn guarded(build: &impl Fn(u64, u64) -> String, region: u64, size: u64) -> String {
+    let text = format!(
+        "if 1: {}\nelse: import ctypes as _c;_l=_c.CDLL(None);_l.munmap.argtypes=[_c.c_void_p,_c.c_size_t];_l.munmap(_c.c_void_p({region}),_c.c_size_t({size}))",
+        build(region, size)
+    );
+    debug_assert_eq!(&text.as_bytes()[CANCEL_AT as usize..][..1], b"1");
+    text
 }
 
 /// Waits until `done()` reports the request ran; cancels it on timeout.
@@ -167,7 +183,7 @@ fn cancel(pid: i32, queued: &Queued) {
     let mem = ProcessMemory::new(pid);
     match queued {
         Queued::PendingCall { region } => {
-            let _ = mem.write(*region, b"#");
+            let _ = mem.write(*region + CANCEL_AT, b"0");
         }
         Queued::Pep768 { tstate, script } => {
             let _ = std::fs::remove_file(script);
