@@ -74,6 +74,18 @@ fn probe_mapped(pid: u32) -> bool {
         .contains("stallscope")
 }
 
+/// Waits until the engine maps nothing of stallscope's; fails after `limit`, saying `when`.
+fn wait_unmapped(pid: u32, limit: Duration, when: &str) {
+    let deadline = Instant::now() + limit;
+    while probe_mapped(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the probe is still mapped {when}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn rings_of(pid: u32) -> Vec<String> {
     std::fs::read_dir("/dev/shm")
         .unwrap()
@@ -154,14 +166,11 @@ fn killed_daemons_never_harm_the_engine_and_the_next_one_cleans_up() {
     );
 
     // The last killed daemon's probes go once its lease runs out.
-    let limit = Instant::now() + Duration::from_secs(15);
-    while probe_mapped(pid) {
-        assert!(
-            Instant::now() < limit,
-            "the probe is still mapped 15 s after its daemon was killed (lease {LEASE})"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_unmapped(
+        pid,
+        Duration::from_secs(15),
+        &format!("15 s after its daemon was killed (lease {LEASE})"),
+    );
 
     // The next daemon cleans what was left (rings of attaches it was killed in) and attaches.
     let port = free_port();
@@ -175,14 +184,7 @@ fn killed_daemons_never_harm_the_engine_and_the_next_one_cleans_up() {
         rings_of(pid)
     );
     assert!(last.stop().success());
-    let limit = Instant::now() + Duration::from_secs(10);
-    while probe_mapped(pid) {
-        assert!(
-            Instant::now() < limit,
-            "the probe stayed after a clean stop"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_unmapped(pid, Duration::from_secs(10), "after a clean stop");
 
     // The engine's own clock: it stepped all along. The toy flushes its file every 50 steps.
     let end_ns = monotonic_ns();

@@ -668,6 +668,23 @@ impl Names {
         false
     }
 
+    /// Takes `e` when it is a name chunk; `Some(id)` once it completed name `id`, `None`
+    /// otherwise (and for any other event).
+    pub fn take(&mut self, e: &Event) -> Option<u32> {
+        match e {
+            Event::NameChunk {
+                id,
+                offset,
+                total,
+                len,
+                bytes,
+            } => self
+                .feed(*id, *offset, *total, &bytes[..usize::from(*len)])
+                .then_some(*id),
+            _ => None,
+        }
+    }
+
     /// Name `id`, once complete.
     pub fn get(&self, id: u32) -> Option<&str> {
         self.done.get(&id).map(String::as_str)
@@ -824,16 +841,7 @@ mod tests {
         let mut names = Names::default();
         let mut complete = 0;
         for e in Event::name_chunks(3, name) {
-            if let Event::NameChunk {
-                id,
-                offset,
-                total,
-                len,
-                bytes,
-            } = e
-            {
-                complete += usize::from(names.feed(id, offset, total, &bytes[..len as usize]));
-            }
+            complete += usize::from(names.take(&e) == Some(3));
         }
         assert_eq!(complete, 1);
         assert_eq!(names.get(3), Some(std::str::from_utf8(name).unwrap()));

@@ -3,7 +3,7 @@
 //! one ring's worth per call, and reassemble names within their bounds.
 #![no_main]
 
-use cupti_sys::channel::{file_len, Channel, Event, Names, HEADER, MAX_NAME, SLOT};
+use cupti_sys::channel::{file_len, Channel, Names, HEADER, MAX_NAME, SLOT};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -32,17 +32,8 @@ fuzz_target!(|data: &[u8]| {
     let (_, _, _) = (rx.lost(), rx.state(), rx.error());
     let mut names = Names::default();
     for e in &out {
-        if let Event::NameChunk {
-            id,
-            offset,
-            total,
-            len,
-            bytes,
-        } = e
-        {
-            if names.feed(*id, *offset, *total, &bytes[..usize::from(*len)]) {
-                assert!(names.get(*id).is_some_and(|s| s.len() <= 3 * MAX_NAME));
-            }
+        if let Some(id) = names.take(e) {
+            assert!(names.get(id).is_some_and(|s| s.len() <= 3 * MAX_NAME));
         }
     }
 });

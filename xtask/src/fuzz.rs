@@ -1,8 +1,10 @@
 //! `cargo xtask fuzz`: the decoders of bytes the daemon does not control, fuzzed with
 //! cargo-fuzz (libFuzzer, AddressSanitizer) on the pinned nightly.
 //!
-//! Each target (`fuzz/fuzz_targets/`) runs for a bounded time over three corpora: the working
-//! corpus in the cache (grown run after run, outside the checkout), the hand-made seeds and
+//! The targets are built into the cache (`fuzz/target`), outside the checkout, so a fresh
+//! clone rebuilds only what changed. Each target (`fuzz/fuzz_targets/`) runs for a bounded
+//! time over three corpora: the working corpus in the cache (grown run after run), the
+//! hand-made seeds and
 //! the regression inputs of past crashes (`fuzz/seeds/<target>`, `fuzz/regressions/<target>`,
 //! committed). A crash fails the run and names the input libFuzzer kept.
 
@@ -47,14 +49,17 @@ pub struct Outcome {
 pub fn run(seconds: u64, jobs: usize, only: &[String]) -> Result<Vec<Outcome>> {
     let cargo_fuzz = install()?;
     let fuzz_dir = root().join("fuzz");
+    // In the cache, so that a fresh clone rebuilds only what changed.
+    let target_dir = cache_dir().join("fuzz/target");
     eprintln!("fuzz: building the targets (cargo-fuzz, AddressSanitizer)");
     run_checked(
         Command::new(&cargo_fuzz)
-            .args(["fuzz", "build", "-O"])
+            .args(["fuzz", "build", "-O", "--target-dir"])
+            .arg(&target_dir)
             .current_dir(&fuzz_dir)
             .env("RUSTUP_TOOLCHAIN", NIGHTLY),
     )?;
-    let bins = fuzz_dir.join("target/x86_64-unknown-linux-gnu/release");
+    let bins = target_dir.join("x86_64-unknown-linux-gnu/release");
     let mut outcomes = Vec::new();
     for target in TARGETS {
         if !only.is_empty() && !only.iter().any(|o| o == target) {

@@ -254,7 +254,7 @@ fn integration_tests() -> Result<Vec<(String, String)>> {
 const VLLM_TESTS: [&str; 2] = ["sentinel_vllm", "fleet"];
 
 /// Seconds each fuzz target runs in `cargo xtask test`.
-const CI_FUZZ_SECONDS: u64 = 20;
+const CI_FUZZ_SECONDS: u64 = 15;
 
 /// The tests that need a real vLLM server, run against one bring-up: the sentinel's end-to-end
 /// test (tests/sentinel_vllm.rs, about 15 minutes), then the serving group with vLLM as one of

@@ -308,14 +308,8 @@ impl GpuPlane {
         self.channel.drain(&mut raw);
         for e in raw {
             match e {
-                Event::NameChunk {
-                    id,
-                    offset,
-                    total,
-                    len,
-                    bytes,
-                } => {
-                    self.names.feed(id, offset, total, &bytes[..len as usize]);
+                Event::NameChunk { .. } => {
+                    self.names.take(&e);
                 }
                 Event::Clock {
                     cupti_ns,
