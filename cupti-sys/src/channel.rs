@@ -767,6 +767,17 @@ mod tests {
         v
     }
 
+    /// The producer's and the consumer's channel over `mem` (`file_len(slots)` bytes).
+    fn ends(mem: &mut [u64], slots: usize) -> (Channel, Channel) {
+        assert_eq!(mem.len() * 8, file_len(slots));
+        // SAFETY: `mem` is file_len(slots) bytes, 8-aligned, and outlives both channels in
+        // every test.
+        let tx = unsafe { Channel::init(mem.as_mut_ptr().cast(), slots) };
+        // SAFETY: as above.
+        let rx = unsafe { Channel::open(mem.as_mut_ptr().cast(), file_len(slots)) }.unwrap();
+        (tx, rx)
+    }
+
     #[test]
     fn events_round_trip_through_slots() {
         for e in events() {
@@ -779,10 +790,7 @@ mod tests {
     fn the_ring_carries_events_in_order_and_counts_what_it_drops() {
         let slots = 4;
         let mut mem = vec![0u64; file_len(slots) / 8];
-        // SAFETY: `mem` is file_len(slots) bytes, 8-aligned, and outlives both channels.
-        let tx = unsafe { Channel::init(mem.as_mut_ptr().cast(), slots) };
-        // SAFETY: as above.
-        let rx = unsafe { Channel::open(mem.as_mut_ptr().cast(), file_len(slots)) }.unwrap();
+        let (tx, rx) = ends(&mut mem, slots);
         let ev = events();
         for e in &ev[..6] {
             tx.push(e);
@@ -804,10 +812,7 @@ mod tests {
     fn corrupt_sequences_are_read_once_around() {
         let slots = 4;
         let mut mem = vec![0u64; file_len(slots) / 8];
-        // SAFETY: `mem` is file_len(slots) bytes, 8-aligned, and outlives both channels.
-        let tx = unsafe { Channel::init(mem.as_mut_ptr().cast(), slots) };
-        // SAFETY: as above.
-        let rx = unsafe { Channel::open(mem.as_mut_ptr().cast(), file_len(slots)) }.unwrap();
+        let (tx, rx) = ends(&mut mem, slots);
         tx.u64_at(hdr::WRITE_SEQ).store(u64::MAX, Ordering::Relaxed);
         let mut out = Vec::new();
         assert_eq!(rx.drain(&mut out), slots, "one lap, not 2^64 events");
