@@ -110,6 +110,8 @@ pub struct Ring {
     overrun: AtomicU64,
     /// Times a lane's write sequence was found below its read sequence.
     resyncs: AtomicU64,
+    /// Held by the drain in progress.
+    draining: std::sync::Mutex<()>,
 }
 
 impl Ring {
@@ -142,6 +144,7 @@ impl Ring {
             capacity,
             overrun: AtomicU64::new(0),
             resyncs: AtomicU64::new(0),
+            draining: std::sync::Mutex::new(()),
         };
         ring.heartbeat(sys_util::clock::monotonic_ns());
         Ok(ring)
@@ -188,6 +191,7 @@ impl Ring {
             capacity,
             overrun: AtomicU64::new(0),
             resyncs: AtomicU64::new(0),
+            draining: std::sync::Mutex::new(()),
         })
     }
 
@@ -230,27 +234,29 @@ impl Ring {
             .fold(self.overrun.load(Ordering::Relaxed), u64::saturating_add)
     }
 
-    /// Times a lane's counters went backwards and the reader took the lane up again from
-    /// where it then was (nothing known lost; a sign of a target writing over the ring).
+    /// Times a lane's write sequence was found below its read sequence (nothing read from it
+    /// then; a sign of a target writing over the ring).
     pub fn resyncs(&self) -> u64 {
         self.resyncs.load(Ordering::Relaxed)
     }
 
-    /// Moves every complete record into `out`; returns how many.
+    /// Moves every complete record into `out`; returns how many. Calls from several threads
+    /// take turns (each lane's read sequence is read, advanced and stored by one at a time).
     pub fn drain(&self, out: &mut Vec<Record>) -> usize {
+        let _turn = self.draining.lock().unwrap_or_else(|e| e.into_inner());
         let before = out.len();
         for lane in 0..self.lanes {
             let lane_off = LANE_BASE + LANE_SIZE * lane;
             let write = self.load(lane_off);
             fence(Ordering::Acquire);
             let mut read = self.load(lane_off + 8);
-            // The producer never runs more than `capacity` ahead, nor backwards. A lane that
-            // says it did has corrupt counters: one that ran ahead is read once around from
-            // `write` backwards (bounding this call) and the rest counted as lost; one that
-            // went back is taken up from where it now says it is, nothing read.
+            // The producer never runs more than `capacity` ahead. A lane that says it did has
+            // corrupt counters: it is read once around from `write` backwards (bounding this
+            // call) and the rest counted as lost. A write sequence below the read one is
+            // waited out (nothing read, the read sequence kept), never followed backwards:
+            // that would read records again.
             if write < read {
                 self.resyncs.fetch_add(1, Ordering::Relaxed);
-                read = write;
             } else if write - read > self.capacity as u64 {
                 self.overrun
                     .fetch_add(write - read - self.capacity as u64, Ordering::Relaxed);
