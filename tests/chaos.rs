@@ -62,9 +62,12 @@ fn chaos_config(dir: &Path, engine: u32, port: u16) -> std::path::PathBuf {
     cfg
 }
 
+/// Whether `pid` still runs: a crashed engine stays a zombie until this test reaps it.
 fn alive(pid: u32) -> bool {
-    // SAFETY: kill(2) with signal 0 only checks the process.
-    unsafe { libc::kill(pid as i32, 0) == 0 }
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| Some(s.rsplit(')').next()?.split_whitespace().next()? != "Z"))
+        .unwrap_or(false)
 }
 
 /// Whether the engine maps anything of stallscope's (the probe's ring).
@@ -186,10 +189,16 @@ fn killed_daemons_never_harm_the_engine_and_the_next_one_cleans_up() {
     assert!(last.stop().success());
     wait_unmapped(pid, Duration::from_secs(10), "after a clean stop");
 
-    // The engine's own clock: it stepped all along. The toy flushes its file every 50 steps.
+    assert_stepped_throughout(&times, start_ns);
+    assert!(alive(pid));
+}
+
+/// The engine's own clock: it stepped all along since `start_ns` (no gap of a second between
+/// two steps). The toy flushes its file every 50 steps.
+fn assert_stepped_throughout(times: &Path, start_ns: u64) {
     let end_ns = monotonic_ns();
     std::thread::sleep(Duration::from_secs(1));
-    let ends: Vec<u64> = std::fs::read_to_string(&times)
+    let ends: Vec<u64> = std::fs::read_to_string(times)
         .unwrap()
         .lines()
         .filter_map(|l| l.split(' ').next()?.parse().ok())
@@ -211,6 +220,107 @@ fn killed_daemons_never_harm_the_engine_and_the_next_one_cleans_up() {
         "the engine stopped stepping for {} ms",
         longest_gap / 1_000_000
     );
+}
+
+/// The pids tracing threads of `pid` (TracerPid in each thread's status).
+fn tracers(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| {
+            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+            let line = status.lines().find(|l| l.starts_with("TracerPid:"))?;
+            line["TracerPid:".len()..]
+                .trim()
+                .parse()
+                .ok()
+                .filter(|t| *t != 0)
+        })
+        .collect()
+}
+
+/// The daemon SIGKILLed the moment a thread of the engine is traced, i.e. while a remote call
+/// is under way (in the old design this killed the engine: the thread ran on from registers
+/// pointing into the call). The helper process that owns the call must finish it and let the
+/// thread go, the engine must keep stepping, and the probe so installed must remove itself at
+/// lease end. `cargo xtask test` kills 3 times; `STALLSCOPE_CHAOS_TRACED_KILLS` sets the count.
+#[test]
+fn a_daemon_killed_mid_remote_call_leaves_the_engine_stepping() {
+    require_root();
+    let dir = tmpdir("chaos-traced");
+    let times = dir.join("toy-steps.txt");
+    let engine = start_timed_engine(&times);
+    let pid = engine.id();
+    let count: u32 = std::env::var("STALLSCOPE_CHAOS_TRACED_KILLS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let start_ns = monotonic_ns();
+    for i in 0..count {
+        let port = free_port();
+        let cfg = chaos_config(&dir, pid, port);
+        let log = File::create(dir.join(format!("daemon-{i}.log"))).unwrap();
+        let mut daemon = stallscope()
+            .arg("run")
+            .arg("--config")
+            .arg(&cfg)
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let limit = Instant::now() + Duration::from_secs(30);
+        let tracer = loop {
+            if let Some(t) = tracers(pid).first() {
+                // TracerPid names the tracing thread: its process is what matters.
+                let status =
+                    std::fs::read_to_string(format!("/proc/{t}/status")).unwrap_or_default();
+                let field = |name: &str| {
+                    status
+                        .lines()
+                        .find_map(|l| l.strip_prefix(name))
+                        .map(|v| v.trim().to_string())
+                        .unwrap_or_default()
+                };
+                break Some((field("Tgid:"), field("Name:"), field("PPid:")));
+            }
+            if Instant::now() > limit {
+                break None;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        };
+        kill(&mut daemon);
+        let tracer = tracer
+            .unwrap_or_else(|| panic!("kill {i}: no thread of the engine was traced in 30 s"));
+        let (tracer, name, parent) = tracer;
+        eprintln!(
+            "chaos: kill {i}: the daemon ({}) killed while {tracer} ({name}, child of {parent}) traced the engine",
+            daemon.id()
+        );
+        let limit = Instant::now() + Duration::from_secs(5);
+        while !tracers(pid).is_empty() {
+            assert!(
+                Instant::now() < limit,
+                "kill {i}: a thread of the engine is still traced 5 s after the kill: {:?}",
+                tracers(pid)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // A thread let go mid-call crashes the engine as soon as the call returns.
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(alive(pid), "kill {i}: the engine died");
+        assert_ne!(
+            tracer,
+            daemon.id().to_string(),
+            "kill {i}: the daemon traced the engine itself, not through a helper process"
+        );
+        wait_unmapped(
+            pid,
+            Duration::from_secs(15),
+            &format!("15 s after kill {i} (lease {LEASE})"),
+        );
+    }
+    assert_stepped_throughout(&times, start_ns);
     assert!(alive(pid));
 }
 

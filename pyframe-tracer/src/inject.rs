@@ -16,8 +16,9 @@ use crate::error::{Error, Result};
 use crate::memory::{ProcessMemory, RemoteMemory};
 use crate::pep768;
 use crate::python::PythonRuntime;
-use crate::remote_call::{self, Options};
+use crate::remote_call::Options;
 use crate::symbols;
+use crate::transaction;
 
 const PAGE: u64 = 4096;
 
@@ -98,7 +99,8 @@ fn queue_script(
 }
 
 /// Before 3.14: maps a region in the target for the source and queues
-/// `PyRun_SimpleString(region)` with `Py_AddPendingCall`, from a borrowed thread.
+/// `PyRun_SimpleString(region)` with `Py_AddPendingCall`, from a borrowed thread, in one
+/// [`transaction`].
 fn queue_pending_call(
     pid: i32,
     rt: &PythonRuntime,
@@ -107,35 +109,37 @@ fn queue_pending_call(
 ) -> Result<(Queued, QueueCost)> {
     let libc = libc_symbol(pid, "mmap")?;
     let size = (guarded(&build, u64::MAX, u64::MAX).len() as u64 + 1).div_ceil(PAGE) * PAGE;
-    let mut thread = remote_call::borrow_thread(pid, options)?;
-    let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
-    let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
-    let region = thread.call(libc, &[0, size, prot, flags, u64::MAX, 0])?;
-    if region as i64 <= 0 && (region as i64) > -4096 {
-        drop(thread);
-        return Err(Error::RemoteCallFailed {
-            pid,
-            what: format!("mmap in the target failed ({})", -(region as i64)),
-        });
-    }
-    let mut text = guarded(&build, region, size).into_bytes();
-    text.push(0);
-    let write = ProcessMemory::new(pid)
-        .write(region, &text)
-        .map_err(|e| Error::io("writing the request into the target", e));
-    let queued = write.and_then(|()| {
-        thread.call(
+    let done = transaction::run(pid, options, |thread| {
+        let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+        let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+        let region = thread.call(libc, &[0, size, prot, flags, u64::MAX, 0])?;
+        if region as i64 <= 0 && (region as i64) > -4096 {
+            return Err(Error::RemoteCallFailed {
+                pid,
+                what: format!("mmap in the target failed ({})", -(region as i64)),
+            });
+        }
+        let mut text = guarded(&build, region, size).into_bytes();
+        text.push(0);
+        ProcessMemory::new(pid)
+            .write(region, &text)
+            .map_err(|e| Error::io("writing the request into the target", e))?;
+        let queued = thread.call(
             rt.add_pending_call,
             &[rt.run_simple_string.unwrap_or_default(), region],
-        )
-    });
-    let pause = thread.release()?;
-    if queued? as i32 != 0 {
+        )?;
+        Ok((region, queued))
+    })?;
+    let (region, queued) = done.value;
+    if queued as i32 != 0 {
         return Err(Error::Probe(format!(
             "Py_AddPendingCall refused the request in process {pid} (its queue is full); retry"
         )));
     }
-    Ok((Queued::PendingCall { region }, QueueCost { pause }))
+    Ok((
+        Queued::PendingCall { region },
+        QueueCost { pause: done.pause },
+    ))
 }
 
 /// Where [`guarded`] puts the byte a cancel turns from `1` to `0`.

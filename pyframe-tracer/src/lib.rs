@@ -1,7 +1,8 @@
 //! The Python plane of stallscope: attach to a live CPython (3.10–3.13 by ptrace and a pending call, 3.14+ by
 //! PEP 768) without restarting it, time watched functions exactly and read their workload from arguments.
 //!
-//! - [`remote_call`]: the ptrace remote-call primitive (also used by the GPU plane to load its agent).
+//! - [`remote_call`]: the ptrace remote-call primitive; [`transaction`]: remote calls in a helper process that
+//!   finishes them even if stallscope is killed.
 //! - [`python`], [`inject`], [`pep768`]: find the runtime and run Python source at a safe point.
 //! - `probe.py` (embedded): the code that runs inside the target.
 //! - [`ring`]: the shared-memory ring the probe writes records into; [`lease`]: its heartbeat;
@@ -25,6 +26,7 @@ pub mod ring;
 pub mod sampling;
 pub mod session;
 pub mod symbols;
+pub mod transaction;
 pub mod watch_spec;
 
 pub use error::{Error, Result};

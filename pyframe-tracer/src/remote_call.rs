@@ -11,21 +11,20 @@
 //!
 //! A call: rsp moves below the red zone and 16-byte aligned, return address 0, args in rdi…r9, orig_rax = −1
 //! (so the interrupted syscall is not restarted over the call), continue, and catch the SIGSEGV at address 0.
-//! Signals that arrive for the thread meanwhile are held and re-delivered after detaching; SIGINT/SIGTERM to
-//! *this* process are held off while a thread is borrowed (if we died mid-call the target would crash when the
-//! call returned to address 0). Detaching leaves the target running, or stopped if it was stopped.
+//! Signals that arrive for the thread meanwhile are held and re-delivered after detaching. Detaching leaves the
+//! target running, or stopped if it was stopped. A borrow happens only inside a [`crate::transaction`], in a
+//! helper process that finishes it even if stallscope is killed (if the tracer died mid-call, the target would
+//! crash when the call returned to address 0).
 
 #[cfg(not(target_arch = "x86_64"))]
 compile_error!("remote calls are implemented for x86-64 only");
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use libc::user_regs_struct;
 use nix::errno::Errno;
 use nix::sys::ptrace;
-use nix::sys::signal::{self, SigAction, SigHandler, SigSet, Signal};
+use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
@@ -108,7 +107,6 @@ pub struct BorrowedThread {
     released: bool,
     stopped_at: Instant,
     options: Options,
-    _hold: SignalHold,
 }
 
 impl std::fmt::Debug for BorrowedThread {
@@ -257,10 +255,9 @@ impl Drop for BorrowedThread {
     }
 }
 
-/// Stops one thread of `pid` at a safe point and lends it out.
-pub fn borrow_thread(pid: i32, options: Options) -> Result<BorrowedThread> {
+/// Stops one thread of `pid` at a safe point and lends it out (to a [`crate::transaction`] only).
+pub(crate) fn borrow_thread(pid: i32, options: Options) -> Result<BorrowedThread> {
     check_traceable(pid)?;
-    let hold = SignalHold::new();
     let deadline = Instant::now() + options.find_thread_timeout;
     let parked_deadline = Instant::now() + options.find_thread_timeout / 2;
     // 1. A thread already parked in a safe syscall.
@@ -278,7 +275,6 @@ pub fn borrow_thread(pid: i32, options: Options) -> Result<BorrowedThread> {
                         Borrow::Parked(name),
                         intercepted,
                         options,
-                        hold,
                     ))
                 }
                 None => continue,
@@ -298,7 +294,6 @@ pub fn borrow_thread(pid: i32, options: Options) -> Result<BorrowedThread> {
             Borrow::SyscallEntry(name),
             intercepted,
             options,
-            hold,
         ));
     }
     let states = thread_syscalls(pid)?
@@ -320,7 +315,6 @@ fn lend(
     how: Borrow,
     intercepted: Vec<Signal>,
     options: Options,
-    hold: SignalHold,
 ) -> BorrowedThread {
     BorrowedThread {
         pid,
@@ -331,7 +325,6 @@ fn lend(
         released: false,
         stopped_at: Instant::now(),
         options,
-        _hold: hold,
     }
 }
 
@@ -541,58 +534,5 @@ fn wait_stop(tid: Pid, deadline: Instant) -> nix::Result<Option<WaitStatus>> {
         }
         std::thread::sleep(nap);
         nap = (nap * 2).min(Duration::from_micros(200));
-    }
-}
-
-/// Holds off SIGINT and SIGTERM to this process while a thread of a target is borrowed, and raises them again
-/// afterwards. Nested and concurrent holds share one set of saved handlers.
-struct SignalHold;
-
-static HELD: AtomicU64 = AtomicU64::new(0);
-static SAVED: Mutex<(usize, Vec<(Signal, SigAction)>)> = Mutex::new((0, Vec::new()));
-const HELD_SIGNALS: [Signal; 2] = [Signal::SIGINT, Signal::SIGTERM];
-
-extern "C" fn note_signal(sig: libc::c_int) {
-    HELD.fetch_or(1 << sig, Ordering::SeqCst);
-}
-
-impl SignalHold {
-    fn new() -> Self {
-        let mut saved = SAVED.lock().unwrap_or_else(|e| e.into_inner());
-        if saved.0 == 0 {
-            let action = SigAction::new(
-                SigHandler::Handler(note_signal),
-                signal::SaFlags::SA_RESTART,
-                SigSet::empty(),
-            );
-            for sig in HELD_SIGNALS {
-                // SAFETY: the handler only does an atomic or.
-                if let Ok(old) = unsafe { signal::sigaction(sig, &action) } {
-                    saved.1.push((sig, old));
-                }
-            }
-        }
-        saved.0 += 1;
-        SignalHold
-    }
-}
-
-impl Drop for SignalHold {
-    fn drop(&mut self) {
-        let mut saved = SAVED.lock().unwrap_or_else(|e| e.into_inner());
-        saved.0 -= 1;
-        if saved.0 > 0 {
-            return;
-        }
-        for (sig, old) in saved.1.drain(..) {
-            // SAFETY: restores the handler that was installed before.
-            let _ = unsafe { signal::sigaction(sig, &old) };
-        }
-        let held = HELD.swap(0, Ordering::SeqCst);
-        for sig in HELD_SIGNALS {
-            if held & (1 << sig as i32) != 0 {
-                let _ = signal::raise(sig);
-            }
-        }
     }
 }
