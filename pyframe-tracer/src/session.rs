@@ -313,6 +313,11 @@ impl Session {
         self.ring.lost()
     }
 
+    /// Drains that found a lane's write sequence below its read one (see [`Ring::resyncs`]).
+    pub fn ring_resyncs(&self) -> u64 {
+        self.ring.resyncs()
+    }
+
     /// Whether the probe is still installed (it removes itself if its lease expires).
     pub fn probe_attached(&self) -> bool {
         self.ring.probe_state() == 1

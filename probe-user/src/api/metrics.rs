@@ -85,6 +85,8 @@ pub struct Metrics {
     pub model_samples: IntGaugeVec,
     /// Probe records lost in the shared-memory ring.
     pub lost_records: IntCounterVec,
+    /// Drains that found a lane of the probe ring with its write sequence below its read one.
+    pub ring_resyncs: IntCounterVec,
     /// Kernel-accounted time of the engine's threads, by state.
     pub thread_seconds: prometheus::CounterVec,
     /// Engines attached.
@@ -165,6 +167,7 @@ impl Metrics {
             training_samples: reg(r, IntGaugeVec::new(opts("model_training_samples", "Healthy iterations held for (re)fitting"), pid).unwrap()),
             model_samples: reg(r, IntGaugeVec::new(opts("model_fitted_samples", "Iterations the current baseline was fitted on"), pid).unwrap()),
             lost_records: reg(r, IntCounterVec::new(opts("probe_lost_records_total", "Python probe records lost because the ring was full"), pid).unwrap()),
+            ring_resyncs: reg(r, IntCounterVec::new(opts("probe_ring_resyncs_total", "Drains that found a lane of the probe ring with its write sequence below its read one (the ring's counters were written over); nothing is read from such a lane until it catches up"), pid).unwrap()),
             thread_seconds: reg(r, prometheus::CounterVec::new(opts("thread_seconds_total", "Kernel-accounted time of engine threads by state (on_cpu, runqueue_wait, blocked)"), &process_and(&["tid", "comm", "state"])).unwrap()),
             engines: reg(r, IntGaugeVec::new(opts("engines_attached", "1 per engine process the sentinel is attached to"), &process_and(&["framework"])).unwrap()),
             verdict_latency: reg(
@@ -272,6 +275,7 @@ impl Metrics {
         }
         let _ = self.alerts.remove_label_values(&pid);
         let _ = self.lost_records.remove_label_values(&pid);
+        let _ = self.ring_resyncs.remove_label_values(&pid);
         for h in [&self.gpu_busy, &self.gpu_void, &self.gpu_launch] {
             let _ = h.remove_label_values(&pid);
         }

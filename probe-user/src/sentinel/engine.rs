@@ -144,7 +144,11 @@ impl Engine {
         }
         self.records = records;
         self.anchor.settle(self.pid);
-        self.lost.update(self.session.lost_records(), shared);
+        self.lost.update(
+            self.session.lost_records(),
+            self.session.ring_resyncs(),
+            shared,
+        );
         self.gpu.poll(shared);
         self.models.manage(
             &mut self.sentinel,
@@ -283,6 +287,7 @@ impl Engine {
         // increase() need a sample before the first increment.
         let _ = m.alerts.with_label_values(&pid);
         let _ = m.lost_records.with_label_values(&pid);
+        let _ = m.ring_resyncs.with_label_values(&pid);
         m.engines
             .with_label_values(&self.labels.with(&[&self.framework]))
             .set(1);
