@@ -499,8 +499,57 @@ fn the_lease_outlives_a_slow_reader_and_runs_out_without_one() {
     }
 }
 
-/// The main thread is blocked in read(): the request cannot run, is cancelled, and when the thread later
-/// returns to Python nothing happens; a later attach then works.
+/// `[start, end)` of every mapping of `pid`.
+fn mappings(pid: i32) -> Vec<(u64, u64)> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// The pages mapped in `after` that were not in `before` (a new mapping may have merged with
+/// a neighbour), as `[start, end)` ranges.
+fn new_pages(before: &[(u64, u64)], after: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    for &(start, end) in after {
+        let mut cuts: Vec<(u64, u64)> = before
+            .iter()
+            .filter(|(s, e)| *s < end && *e > start)
+            .map(|&(s, e)| (s.max(start), e.min(end)))
+            .collect();
+        cuts.sort();
+        let mut at = start;
+        for (s, e) in cuts {
+            if s > at {
+                out.push((at, s));
+            }
+            at = at.max(e);
+        }
+        if at < end {
+            out.push((at, end));
+        }
+    }
+    out
+}
+
+/// The first `n` bytes at `addr` in `pid`, or None when nothing is mapped there.
+fn peek(pid: i32, addr: u64, n: usize) -> Option<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; n];
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    mem.read_exact_at(&mut buf, addr).ok().map(|()| buf)
+}
+
+/// The main thread is blocked in read(): the request cannot run and is cancelled (its region
+/// now begins `if 0:`); when the thread later returns to Python the request does not run, the
+/// region unmaps itself, and a later attach works.
 #[test]
 fn blocked_main_thread_is_reported_and_the_request_cancelled() {
     require_root();
@@ -510,15 +559,32 @@ fn blocked_main_thread_is_reported_and_the_request_cancelled() {
         response_timeout: Duration::from_millis(500),
         ..attach_options()
     };
+    let before = mappings(target.pid);
     match Session::attach(target.pid, options) {
         Err(Error::NotAtSafePoint { .. }) => {}
         other => panic!("expected NotAtSafePoint, got {:?}", other.map(|s| s.probes)),
     }
+    let cancelled: Vec<(u64, u64)> = new_pages(&before, &mappings(target.pid))
+        .into_iter()
+        .filter(|&(start, _)| peek(target.pid, start, 5).as_deref() == Some(b"if 0:"))
+        .collect();
+    assert_eq!(
+        cancelled.len(),
+        1,
+        "one new region holding the cancelled request: {:?}",
+        new_pages(&before, &mappings(target.pid))
+    );
     writeln!(target.stdin.as_mut().unwrap(), "go").unwrap();
     target.wait_progress(110);
     assert!(
         target.wait_clean_report(),
         "the cancelled request must not install anything"
+    );
+    let (start, _) = cancelled[0];
+    assert_ne!(
+        peek(target.pid, start, 5).as_deref(),
+        Some(&b"if 0:"[..]),
+        "the cancelled request's region at {start:#x} is still mapped"
     );
     let session = Session::attach(target.pid, attach_options()).unwrap();
     session.detach().unwrap();
