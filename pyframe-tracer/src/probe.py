@@ -13,6 +13,10 @@
 #   records @records_offset + 128*(lane*lane_capacity + seq % lane_capacity):
 #                   seq u64, probe u32, flags u32 (bit0 exception, bits 8..15 field present), tid u64,
 #                   enter_ns u64, exit_ns u64, fields i64[8]
+# The u64 words the reader polls (write_seq, lost, probe_state, response_seq) are stored through a
+# memoryview cast to "Q": one aligned 8-byte store the reader sees whole. struct.pack_into zeroes
+# its bytes before packing them (s_pack_internal, Modules/_struct.c), so a reader could see a
+# write sequence of 0 between two records.
 import sys
 import os
 import time
@@ -27,7 +31,6 @@ MODULE_NAME = "_stallscope_probe"
 MAGIC = 0x31525043534C5453  # b"STLSCPR1" little-endian
 HEADER = struct.Struct("<QIIQQQ")  # seq, probe, flags, tid, enter, exit
 FIELDS = struct.Struct("<8q")  # written only when the record has extracted fields (flags bits 8..15)
-U64 = struct.Struct("<Q")
 LANE_BASE = 256
 LANE_SIZE = 64
 CONTROL = 4096
@@ -53,30 +56,33 @@ class _Ring:
         finally:
             os.close(fd)
         self.path = path
+        self.view = memoryview(self.mm)
+        self.q = self.view.cast("Q")
         magic, _version, record_size, lanes, cap = struct.unpack_from("<QIIII", self.mm, 0)
         if magic != MAGIC or record_size != RECORD_SIZE:
             raise ValueError("not a stallscope ring: %s" % path)
         self.lanes = lanes
         self.cap = cap
-        self.records = U64.unpack_from(self.mm, 40)[0]
+        self.records = self.q[5]
         self.lane_of = {}
         self.next_lane = itertools.count()
         self.shared_lock = threading.Lock()
         self.wseq = [0] * lanes
         self.lost = [0] * lanes
         for lane in range(lanes):
-            self.wseq[lane] = U64.unpack_from(self.mm, LANE_BASE + LANE_SIZE * lane)[0]
+            self.wseq[lane] = self.q[(LANE_BASE + LANE_SIZE * lane) >> 3]
 
     def claim(self, ident):
-        """Per-thread producer state: [lane, tid, write_seq, cached read_seq, shared]."""
+        """Per-thread producer state: [lane, tid, write_seq, cached read_seq, shared, lane's word index]."""
         lane = next(self.next_lane)
         if lane >= self.lanes - 1:
             lane = self.lanes - 1
         tid = _get_native_id()
         shared = lane == self.lanes - 1
+        word = (LANE_BASE + LANE_SIZE * lane) >> 3
         if not shared:
-            U64.pack_into(self.mm, LANE_BASE + LANE_SIZE * lane + 24, tid)
-        state = self.lane_of[ident] = [lane, tid, self.wseq[lane], 0, shared]
+            self.q[word + 3] = tid
+        state = self.lane_of[ident] = [lane, tid, self.wseq[lane], 0, shared, word]
         return state
 
     def writer(self):
@@ -84,8 +90,7 @@ class _Ring:
         mm = self.mm
         pack_header = HEADER.pack_into
         pack_fields = FIELDS.pack_into
-        pack_u64 = U64.pack_into
-        unpack_u64 = U64.unpack_from
+        q = self.q
         lane_of = self.lane_of
         get_ident = _get_ident
         claim = self.claim
@@ -99,7 +104,7 @@ class _Ring:
             st = lane_of.get(get_ident())
             if st is None:
                 st = claim(get_ident())
-            lane, tid, seq, rseq, shared = st
+            lane, tid, seq, rseq, shared, word = st
             if shared:
                 if not shared_lock.acquire(False):
                     lose(lane)
@@ -107,7 +112,7 @@ class _Ring:
                 seq = wseq[lane]
             try:
                 if seq - rseq >= cap:
-                    rseq = st[3] = unpack_u64(mm, LANE_BASE + LANE_SIZE * lane + 8)[0]
+                    rseq = st[3] = q[word + 1]
                     if seq - rseq >= cap:
                         lose(lane)
                         return
@@ -117,7 +122,7 @@ class _Ring:
                     pack_fields(mm, off + 40, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7])
                 st[2] = seq + 1
                 wseq[lane] = seq + 1
-                pack_u64(mm, LANE_BASE + LANE_SIZE * lane, seq + 1)
+                q[word] = seq + 1
             finally:
                 if shared:
                     shared_lock.release()
@@ -125,22 +130,24 @@ class _Ring:
 
     def _lose(self, lane):
         self.lost[lane] += 1
-        U64.pack_into(self.mm, LANE_BASE + LANE_SIZE * lane + 16, self.lost[lane])
+        self.q[((LANE_BASE + LANE_SIZE * lane) >> 3) + 2] = self.lost[lane]
 
     def heartbeat(self):
-        return U64.unpack_from(self.mm, 24)[0]
+        return self.q[3]
 
     def set_state(self, state):
-        U64.pack_into(self.mm, 32, state)
+        self.q[4] = state
 
     def respond(self, seq, obj):
         data = json.dumps(obj).encode()[:CONTROL_MAX]
         self.mm[CONTROL + 16:CONTROL + 16 + len(data)] = data
         struct.pack_into("<I", self.mm, CONTROL + 8, len(data))
-        U64.pack_into(self.mm, CONTROL, seq)
+        self.q[CONTROL >> 3] = seq
 
     def close(self):
         try:
+            self.q.release()
+            self.view.release()
             self.mm.close()
         except Exception:
             pass
