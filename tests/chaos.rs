@@ -340,6 +340,55 @@ fn a_daemon_killed_mid_remote_call_leaves_the_engine_stepping() {
     assert!(alive(pid));
 }
 
+/// The engine restarted under a running daemon (killed, then started again with the same
+/// command line): the daemon lets the old process go, finds the new one by its pattern and
+/// attaches it, and the iterations it counts are the new engine's; the old one's series leave
+/// /metrics.
+#[test]
+fn an_engine_restarted_under_the_daemon_is_attached_again() {
+    require_root();
+    let dir = tmpdir("restart");
+    let mut engine = start_engine();
+    let old = engine.id();
+    let port = free_port();
+    let cfg = config(&dir, old, port, 100_000);
+    // Found by pattern (an explicit pid list would turn the patterns off).
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace(&format!("pids = [{old}]"), "pids = []")
+        .replace(
+            "engine_patterns = []",
+            "engine_patterns = [\"py_engine.py\"]",
+        );
+    std::fs::write(&cfg, text).unwrap();
+    let mut d = Daemon::start_with(&dir, port, cfg);
+    let counting =
+        |d: &Daemon, pid: u32| d.engine().is_some_and(|e| e["pid"] == pid) && d.iterations() > 50;
+    d.wait_for(
+        "the first engine's iterations",
+        Duration::from_secs(60),
+        |d| counting(d, old),
+    );
+    engine.child().kill().unwrap();
+    engine.child().wait().unwrap();
+    let restarted = start_engine();
+    let new = restarted.id();
+    d.wait_for(
+        "the restarted engine's iterations",
+        Duration::from_secs(60),
+        |d| counting(d, new),
+    );
+    let metrics = d.get("/metrics");
+    assert!(
+        !metrics.contains(&format!("pid=\"{old}\"")),
+        "the old engine's series are still exported"
+    );
+    assert!(metrics.contains(&format!("pid=\"{new}\"")));
+    assert!(probe_mapped(new));
+    assert!(d.stop().success());
+    wait_unmapped(new, Duration::from_secs(10), "after a clean stop");
+}
+
 /// A tmpfs mounted for a test, unmounted on drop.
 struct Tmpfs(std::path::PathBuf);
 
