@@ -26,6 +26,28 @@ pub struct ProfileWatch {
     pub spec: String,
     /// Its role.
     pub role: Role,
+    /// For the source check only (`tests/tools/profile_check.py`): the class (`module:Class`)
+    /// of a parameter the source leaves unannotated or annotates as `Any`, so the check can
+    /// follow the spec's attribute path from it.
+    #[serde(default)]
+    pub param_types: std::collections::BTreeMap<String, String>,
+}
+
+/// The releases a profile was checked against: `tests/profiles.rs` checks every watch against
+/// the source of each.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Verified {
+    /// The PyPI distribution.
+    pub package: String,
+    /// Its versions.
+    pub versions: Vec<String>,
+    /// The enum (`module:Class`) whose values `[iteration]`'s modes are, if any.
+    #[serde(default)]
+    pub mode_enum: Option<String>,
+    /// The values its members must have in each release.
+    #[serde(default)]
+    pub mode_values: std::collections::BTreeMap<String, i64>,
 }
 
 /// A framework profile.
@@ -45,6 +67,9 @@ pub struct Profile {
     /// Which extracted fields describe an iteration's workload.
     #[serde(default)]
     pub iteration: IterationFields,
+    /// The releases this profile was checked against (none for a profile of no framework).
+    #[serde(default)]
+    pub verified: Option<Verified>,
 }
 
 /// Names of the extracted fields (of the anchor or of a phase inside it) that carry an
