@@ -45,13 +45,33 @@ struct Target {
 impl Target {
     fn start(version: &str, args: &[&str]) -> Target {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_loop.py");
-        let (mut proc, first, reader) = Proc::spawn_ready(
-            Command::new(python(version))
-                .arg(script)
-                .args(args)
-                .stdin(Stdio::piped()),
-            "ready ",
+        let mut cmd = Command::new(python(version));
+        cmd.arg(script).args(args);
+        Target::launch(cmd, version)
+    }
+
+    /// Debian sid's CPython 3.14, chrooted into the root `cargo xtask setup` builds (pyenv has
+    /// no 3.14 here), with `env` set.
+    fn start_314(args: &[&str], env: &[(&str, &str)]) -> Target {
+        let root =
+            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/stallscope/sid-chroot");
+        assert!(
+            root.join("usr/bin/python3.14").exists(),
+            "{} has no python3.14: run cargo xtask setup",
+            root.display()
         );
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_loop.py");
+        std::fs::copy(script, root.join("tmp/stallscope-py_loop.py")).unwrap();
+        let mut cmd = Command::new("chroot");
+        cmd.arg(&root)
+            .args(["/usr/bin/python3.14", "/tmp/stallscope-py_loop.py"])
+            .args(args)
+            .envs(env.iter().copied());
+        Target::launch(cmd, "3.14")
+    }
+
+    fn launch(mut cmd: Command, version: &str) -> Target {
+        let (mut proc, first, reader) = Proc::spawn_ready(cmd.stdin(Stdio::piped()), "ready ");
         assert!(first.trim().ends_with(version), "{first}");
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
@@ -172,7 +192,11 @@ fn median(mut v: Vec<i64>) -> i64 {
 /// target's own stamps within 20 µs median, and the extracted arguments equal what the target passed.
 fn check_capture(version: &str, mode: &str, min_calls: usize) {
     require_root();
-    let target = Target::start(version, &[mode]);
+    check_capture_on(&Target::start(version, &[mode]), version, mode, min_calls);
+}
+
+/// [`check_capture`] on a running target; returns the probe's report.
+fn check_capture_on(target: &Target, version: &str, mode: &str, min_calls: usize) -> Value {
     target.wait_progress(20);
     let report = probe_json(target.pid, "2s", &[SPEC]);
     target.wait_progress(5);
@@ -227,6 +251,30 @@ fn check_capture(version: &str, mode: &str, min_calls: usize) {
         enter < 20_000 && exit < 20_000,
         "{version}: median lags {enter} / {exit} ns"
     );
+    report
+}
+
+/// CPython 3.14 (Debian sid's, in a chroot): every call captured exactly through PEP 768, which
+/// stops no thread (pause 0), and, with PEP 768 turned off by the target's owner
+/// (PYTHON_DISABLE_REMOTE_DEBUG), through the ptrace pending call instead (a pause above 0).
+#[test]
+fn captures_every_call_exactly_on_cpython_3_14_by_pep768_and_without_it() {
+    require_root();
+    for (route, env) in [
+        ("pep768", None),
+        ("pending call", Some(("PYTHON_DISABLE_REMOTE_DEBUG", "1"))),
+    ] {
+        let target = Target::start_314(&["sleep"], env.as_slice());
+        let report = check_capture_on(&target, "3.14", "sleep", 300);
+        let pause = report["max_pause_us"].as_u64().unwrap();
+        eprintln!("3.14 by {route}: longest pause {pause} µs");
+        assert_eq!(report["python"].as_str().unwrap().get(..4), Some("3.14"));
+        assert_eq!(
+            pause == 0,
+            env.is_none(),
+            "3.14 by {route}: pause {pause} µs"
+        );
+    }
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //! and `Py_AddPendingCall(PyRun_SimpleString, region)` queues it; the main thread runs it at its next eval-loop
 //! safe point, holding the GIL. The probe unmaps the region itself once it runs.
 //! CPython 3.14+: PEP 768 — the line goes into a script file the target can read, and the main thread state's
-//! remote-debugger fields ask the interpreter to run it; no ptrace at all.
+//! remote-debugger fields ask the interpreter to run it; no ptrace at all. A 3.14 whose owner turned PEP 768
+//! off (PYTHON_DISABLE_REMOTE_DEBUG, -X disable-remote-debug) gets the pending call instead.
 //! Either way a request that is not picked up in time is cancelled, so the target never runs a stale request:
 //! before 3.14 the region holds `if 1: REQUEST` / `else: UNMAP`, and a cancel turns the `1` into `0` (one byte,
 //! so the interpreter reads either whole), which leaves only the region's own unmapping to run; PEP 768's
@@ -58,7 +59,15 @@ pub fn queue(
 ) -> Result<(Queued, QueueCost)> {
     check_running(pid)?;
     let queued = match rt.delivery() {
-        crate::python::Delivery::Pep768 => queue_script(pid, rt, script, &build),
+        crate::python::Delivery::Pep768 => match queue_script(pid, rt, script, &build) {
+            // The target's owner turned PEP 768 off; the ptrace route still reaches it.
+            Err(Error::Pep768(pep768::Pep768Error::Disabled { .. }))
+                if rt.run_simple_string.is_some() =>
+            {
+                queue_pending_call(pid, rt, options, &build)
+            }
+            other => other,
+        },
         crate::python::Delivery::PendingCall => queue_pending_call(pid, rt, options, &build),
     };
     // A target that exits midway makes its maps, symbols or memory unreadable: say that it

@@ -37,6 +37,7 @@ pub fn run() -> Result<()> {
     tracefs()?;
     packages()?;
     python_targets()?;
+    cpython_314()?;
     tool_venv("perfetto-venv", &PERFETTO)?;
     tool_venv("deploy-venv", &DEPLOY)?;
     tool_venv("s3-venv", &S3)?;
@@ -214,6 +215,36 @@ fn python_targets() -> Result<()> {
     Ok(())
 }
 
+/// Where a Debian sid root with CPython 3.14 lives: pyenv cannot build 3.14 here and Debian 12's
+/// glibc is too old for sid's python3.14, so the tests run 3.14 targets chrooted into it (which
+/// also makes them chroot targets).
+pub fn sid_root() -> PathBuf {
+    cache_dir().join("sid-chroot")
+}
+
+/// Builds [`sid_root`] with debootstrap once (a few minutes; about 280 MB).
+fn cpython_314() -> Result<()> {
+    let root = sid_root();
+    if root.join("usr/bin/python3.14").exists() {
+        return Ok(());
+    }
+    eprintln!(
+        "setup: debootstrap of Debian sid with python3.14 into {}",
+        root.display()
+    );
+    let partial = root.with_extension("partial");
+    let _ = std::fs::remove_dir_all(&partial);
+    run_checked(
+        Command::new("debootstrap")
+            .args(["--variant=minbase", "--include=python3.14", "sid"])
+            .arg(&partial)
+            .arg("https://deb.debian.org/debian"),
+    )?;
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::rename(&partial, &root)?;
+    Ok(())
+}
+
 /// Mounts tracefs where the kernel plane looks for it.
 fn tracefs() -> Result<()> {
     let dir = Path::new("/sys/kernel/tracing");
@@ -237,6 +268,7 @@ fn packages() -> Result<()> {
         ("taskset", "util-linux"),
         ("buildah", "buildah"),
         ("crun", "crun"),
+        ("debootstrap", "debootstrap"),
     ]
     .into_iter()
     .filter(|(bin, _)| {
