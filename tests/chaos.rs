@@ -62,6 +62,21 @@ fn chaos_config(dir: &Path, engine: u32, port: u16) -> std::path::PathBuf {
     cfg
 }
 
+/// A daemon on `pid` with [`chaos_config`] on a free port, its log in `dir/log`; (port, child).
+fn spawn_daemon(dir: &Path, pid: u32, log: &str) -> (u16, Child) {
+    let port = free_port();
+    let cfg = chaos_config(dir, pid, port);
+    let log = File::create(dir.join(log)).unwrap();
+    let child = stallscope()
+        .arg("run")
+        .arg("--config")
+        .arg(&cfg)
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    (port, child)
+}
+
 /// Whether `pid` still runs: a crashed engine stays a zombie until this test reaps it.
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -120,16 +135,7 @@ fn killed_daemons_never_harm_the_engine_and_the_next_one_cleans_up() {
     let start_ns = monotonic_ns();
     let mut in_deep_dive = 0;
     for i in 0..kills() {
-        let port = free_port();
-        let cfg = chaos_config(&dir, pid, port);
-        let log = File::create(dir.join(format!("daemon-{i}.log"))).unwrap();
-        let mut daemon = stallscope()
-            .arg("run")
-            .arg("--config")
-            .arg(&cfg)
-            .stderr(log)
-            .spawn()
-            .unwrap();
+        let (port, mut daemon) = spawn_daemon(&dir, pid, &format!("daemon-{i}.log"));
         // One kill in three lands in a deep dive: asked for as soon as the daemon lists the
         // engine, killed within its 1 s capture or while it writes the trace.
         let after = if i % 3 == 2 {
@@ -264,16 +270,7 @@ fn a_daemon_killed_mid_remote_call_leaves_the_engine_stepping() {
             missed <= 2 * count,
             "{missed} daemons attached without a traced thread being seen"
         );
-        let port = free_port();
-        let cfg = chaos_config(&dir, pid, port);
-        let log = File::create(dir.join(format!("daemon-{i}-{missed}.log"))).unwrap();
-        let mut daemon = stallscope()
-            .arg("run")
-            .arg("--config")
-            .arg(&cfg)
-            .stderr(log)
-            .spawn()
-            .unwrap();
+        let (_, mut daemon) = spawn_daemon(&dir, pid, &format!("daemon-{i}-{missed}.log"));
         let limit = Instant::now() + Duration::from_secs(30);
         let mut polls = 0u64;
         let tracer = loop {

@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use log::warn;
+use prometheus::IntCounterVec;
 
 use crate::api::{metrics::ProcessLabels, state::Shared};
 
@@ -41,24 +42,14 @@ impl LostRecords {
 
     /// Takes in the ring's loss and resync counters, both since the attach.
     pub fn update(&mut self, lost: u64, resyncs: u64, shared: &Shared) {
-        if resyncs > self.resyncs_seen {
-            shared
-                .metrics
-                .ring_resyncs
-                .with_label_values(&self.labels.with(&[]))
-                .inc_by(resyncs - self.resyncs_seen);
-            self.unreported_resyncs += resyncs - self.resyncs_seen;
-            self.resyncs_seen = resyncs;
-        }
-        if lost > self.seen {
-            shared
-                .metrics
-                .lost_records
-                .with_label_values(&self.labels.with(&[]))
-                .inc_by(lost - self.seen);
-            self.unreported += lost - self.seen;
-            self.seen = lost;
-        }
+        let labels = self.labels.with(&[]);
+        self.unreported += gain(&shared.metrics.lost_records, &labels, &mut self.seen, lost);
+        self.unreported_resyncs += gain(
+            &shared.metrics.ring_resyncs,
+            &labels,
+            &mut self.resyncs_seen,
+            resyncs,
+        );
         if self.unreported > 0 && self.warned_at.is_none_or(|t| t.elapsed() >= WARNING_PERIOD) {
             warn!(
                 "engine {}: {} probe records lost: a thread's lane of the probe ring was full (the daemon fell more than [sentinel] probe_ring_records records behind it); the iterations in them are missing from the sentinel and the export",
@@ -83,6 +74,17 @@ impl LostRecords {
     pub fn total(&self) -> u64 {
         self.seen
     }
+}
+
+/// Counts in `counter` what the ring's counter gained since `seen` (and moves `seen` up);
+/// returns the gain.
+fn gain(counter: &IntCounterVec, labels: &[&str], seen: &mut u64, now: u64) -> u64 {
+    let gain = now.saturating_sub(*seen);
+    if gain > 0 {
+        counter.with_label_values(labels).inc_by(gain);
+        *seen = now;
+    }
+    gain
 }
 
 #[cfg(test)]
