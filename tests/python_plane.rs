@@ -15,7 +15,7 @@ use serde_json::Value;
 
 mod common;
 use common::{
-    expect_failure, expect_json, expect_success, python, require_root, stallscope,
+    cache_dir, expect_failure, expect_json, expect_success, python, require_root, stallscope,
     stallscope_unprivileged, Proc,
 };
 
@@ -53,8 +53,7 @@ impl Target {
     /// Debian sid's CPython 3.14, chrooted into the root `cargo xtask setup` builds (pyenv has
     /// no 3.14 here), with `env` set.
     fn start_314(args: &[&str], env: &[(&str, &str)]) -> Target {
-        let root =
-            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/stallscope/sid-chroot");
+        let root = cache_dir().join("sid-chroot");
         assert!(
             root.join("usr/bin/python3.14").exists(),
             "{} has no python3.14: run cargo xtask setup",

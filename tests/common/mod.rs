@@ -145,15 +145,20 @@ pub fn standin_library() -> PathBuf {
     built
 }
 
-/// The interpreter of the venv `cargo xtask setup` builds at `<cache>/<venv>`.
-pub fn tool_python(venv: &str) -> PathBuf {
-    let cache = std::env::var_os("STALLSCOPE_CACHE")
+/// The cache outside the checkout that `cargo xtask setup` fills (`STALLSCOPE_CACHE`, else
+/// `~/.cache/stallscope`), as xtask's `setup::cache_dir` finds it.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("STALLSCOPE_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
                 .join(".cache/stallscope")
-        });
-    let py = cache.join(venv).join("bin/python");
+        })
+}
+
+/// The interpreter of the venv `cargo xtask setup` builds at `<cache>/<venv>`.
+pub fn tool_python(venv: &str) -> PathBuf {
+    let py = cache_dir().join(venv).join("bin/python");
     assert!(
         py.exists(),
         "{} is missing: run cargo xtask setup",

@@ -49,8 +49,9 @@ def parse_spec(text):
 class Source:
     """The packages under a root, parsed on demand."""
 
-    def __init__(self, root):
+    def __init__(self, root, tops):
         self.root = root
+        self.tops = tops  # the top-level packages the class index covers
         self.trees = {}
         self._classes = None
         self.fallbacks = 0
@@ -343,8 +344,7 @@ def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     profile = tomllib.load(open(sys.argv[1], "rb"))
-    src = Source(sys.argv[2])
-    src.tops = sorted({w["spec"].split(".")[0].split(":")[0] for w in profile["watch"]})
+    src = Source(sys.argv[2], sorted({w["spec"].split(".")[0].split(":")[0] for w in profile["watch"]}))
     failed = 0
     for module in profile.get("detect_modules", []):
         if src.tree(module) is None:
