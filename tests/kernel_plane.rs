@@ -201,6 +201,8 @@ fn syscalls_and_network_bytes_are_counted() {
     assert!(getppid > 10_000, "{sys}");
     // 64 getppid per sendto in the workload loop.
     assert!((getppid as f64 / sendto as f64 - 64.0).abs() < 2.0, "{sys}");
+    // The loop's sched_yield is a spin-wait's, left out outside deep dives.
+    assert!(sys.get("sched_yield").is_none(), "{sys}");
     assert!(sys["getppid"]["total_ns"].as_u64().unwrap() > 0);
     let hist: u64 = sys["getppid"]["hist_log2_ns"]
         .as_array()
@@ -235,7 +237,7 @@ fn syscalls_and_network_bytes_are_counted() {
     assert_eq!(report["lost_events"], 0);
 }
 
-/// Deep-dive mode streams raw events, and reports lost events.
+/// Deep-dive mode streams raw events, reports lost events, and accounts every syscall.
 #[test]
 fn deep_dive_streams_events() {
     require_root();
@@ -248,6 +250,22 @@ fn deep_dive_streams_events() {
     assert!(enter > 10_000, "{ev}");
     assert!(enter.abs_diff(exit) < 16, "every enter has its exit: {ev}");
     assert!(report["lost_events"].is_u64());
+    // A deep dive accounts every syscall, sched_yield too (one per 64 getppid).
+    let storm_thread = report["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["comm"] == "storm0")
+        .unwrap_or_else(|| panic!("no storm0 thread in {report}"));
+    let sys = &storm_thread["syscalls"];
+    let (getppid, yields) = (
+        sys["getppid"]["count"].as_u64().unwrap(),
+        sys["sched_yield"]["count"].as_u64().unwrap_or(0),
+    );
+    assert!(
+        (getppid as f64 / yields.max(1) as f64 - 64.0).abs() < 2.0,
+        "{sys}"
+    );
 }
 
 /// The RLIMIT_MEMLOCK path: kernels before 5.11 charge BPF maps to it, so the loader lifts

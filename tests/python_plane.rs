@@ -370,6 +370,60 @@ fn a_tight_reader_sees_whole_sequences_and_every_record_once() {
     }
 }
 
+/// The doorbell: a reader that waits on it (no polling) is woken by every call of the chosen
+/// function, finds that call's record already in the ring, and is not woken for calls of
+/// other functions or once no function is chosen. On every supported version, so both ways of
+/// timing calls (code swap, sys.monitoring) ring it. Prints how long after the call's end the
+/// reader held its record (`doorbell:`).
+#[test]
+fn the_doorbell_rings_after_each_call_of_the_chosen_function_only() {
+    require_root();
+    for version in VERSIONS {
+        let target = Target::start(version, &["sleep"]);
+        let session = Session::attach(target.pid, attach_options()).unwrap();
+        assert!(!session.ring_after(Some("__main__:Sched.nothing")));
+        assert!(session.ring_after(Some("__main__:Sched.run_batch")));
+        let bell = session.doorbell();
+        let mut records = Vec::new();
+        let mut lags = Vec::new();
+        for _ in 0..200 {
+            let seen = bell.load(std::sync::atomic::Ordering::Acquire);
+            records.clear();
+            session.drain(&mut records);
+            let woken = sys_util::futex::wait_any(&[(bell, seen)], Duration::from_secs(2));
+            let held = sys_util::clock::monotonic_ns();
+            assert_eq!(
+                woken,
+                sys_util::futex::Woken::Rung,
+                "{version}: no ring in 2 s"
+            );
+            records.clear();
+            session.drain(&mut records);
+            let last = records
+                .last()
+                .unwrap_or_else(|| panic!("{version}: woken with no record in the ring"));
+            lags.push(held as i64 - last.exit_ns as i64);
+        }
+        // No function chosen: the calls go on, the bell stays as it was.
+        session.ring_after(None);
+        let before = bell.load(std::sync::atomic::Ordering::Acquire);
+        target.wait_progress(50);
+        assert_eq!(bell.load(std::sync::atomic::Ordering::Acquire), before);
+        session.detach().unwrap();
+        lags.sort_unstable();
+        eprintln!(
+            "doorbell: {version}: record held {} / {} / {} us after the call's end (p50 / p99 / max of 200)",
+            lags[100] / 1000,
+            lags[197] / 1000,
+            lags[199] / 1000
+        );
+        assert!(
+            lags[0] >= 0,
+            "{version}: a record held before its call ended"
+        );
+    }
+}
+
 fn attach_options() -> AttachOptions {
     AttachOptions {
         specs: vec![SPEC.parse().unwrap()],

@@ -85,8 +85,26 @@ pub struct Config {
     /// Non-zero while a process in [`map::WATCHED_VIEW`] has no kernel id yet: each thread
     /// switching out is then asked for its ids in the daemon's namespace.
     pub learn: u32,
-    /// Padding.
-    pub _pad: u32,
+    /// Byte offset of the syscall number in `struct pt_regs` (`orig_ax`, from kernel BTF), so
+    /// that sys_exit can tell an unaccounted syscall without a map lookup; 0: unknown.
+    pub regs_nr_off: u32,
+    /// Syscalls (a bitmap of numbers below 512) left out of the accounting outside deep dives:
+    /// their threads' time in them still counts as running or runnable. Deep dives stream them
+    /// all (the timeline tells a yield from a preemption by them).
+    pub unaccounted: [u64; UNACCOUNTED_WORDS],
+}
+
+/// Words of [`Config::unaccounted`].
+pub const UNACCOUNTED_WORDS: usize = 8;
+
+impl Config {
+    /// Whether syscall `nr` is accounted right now.
+    #[inline(always)]
+    pub fn accounts(&self, nr: u64) -> bool {
+        self.deep_dive != 0
+            || nr >= (UNACCOUNTED_WORDS * 64) as u64
+            || self.unaccounted[(nr / 64) as usize % UNACCOUNTED_WORDS] & (1 << (nr % 64)) == 0
+    }
 }
 
 /// The id events carry for a thread the daemon cannot see (outside its PID namespace).

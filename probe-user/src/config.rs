@@ -431,7 +431,7 @@ pub struct SentinelConfig {
     /// the candidates the anchor is discovered from.
     #[serde(default)]
     pub watch: Vec<String>,
-    /// Ring drain period.
+    /// Ring drain period when no doorbell rings (an anchor call's end wakes the daemon at once).
     #[serde(with = "duration_text")]
     pub poll_interval: Duration,
     /// The probes in an engine remove themselves when stallscope has not renewed their lease

@@ -7,7 +7,8 @@
 #
 # Layout of the ring file (must match pyframe-tracer/src/ring.rs):
 #   header  @0:     magic u64, version u32, record_size u32, lanes u32, lane_capacity u32, heartbeat_ns u64 (@24),
-#                   probe_state u64 (@32), records_offset u64 (@40)
+#                   probe_state u64 (@32), records_offset u64 (@40), doorbell u32 (@48, a futex word),
+#                   bell_probe u64 (@56: 1 + the watch whose records ring the doorbell, 0 none)
 #   lanes   @256 + 64*lane: write_seq u64, read_seq u64, lost u64, owner tid u64
 #   control @4096:  response_seq u64, response_len u32, pad u32, response JSON (<= 60 KiB)
 #   records @records_offset + 128*(lane*lane_capacity + seq % lane_capacity):
@@ -26,11 +27,12 @@ import struct
 import itertools
 import threading
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 MODULE_NAME = "_stallscope_probe"
 MAGIC = 0x31525043534C5453  # b"STLSCPR1" little-endian
 HEADER = struct.Struct("<QIIQQQ")  # seq, probe, flags, tid, enter, exit
 FIELDS = struct.Struct("<8q")  # written only when the record has extracted fields (flags bits 8..15)
+DOORBELL = 48
 LANE_BASE = 256
 LANE_SIZE = 64
 CONTROL = 4096
@@ -71,9 +73,12 @@ class _Ring:
         self.lost = [0] * lanes
         for lane in range(lanes):
             self.wseq[lane] = self.q[(LANE_BASE + LANE_SIZE * lane) >> 3]
+        self.bell = _doorbell(self.mm)
 
     def claim(self, ident):
-        """Per-thread producer state: [lane, tid, write_seq, cached read_seq, shared, lane's word index]."""
+        """Per-thread state: [lane, tid, write_seq, cached read_seq, shared, lane's word index, call stack].
+        The call stack holds (code, probe id, extracted, t0) of the watched calls begun on this thread
+        (sys.monitoring's PY_START; its PY_RETURN pops them)."""
         lane = next(self.next_lane)
         if lane >= self.lanes - 1:
             lane = self.lanes - 1
@@ -82,29 +87,26 @@ class _Ring:
         word = (LANE_BASE + LANE_SIZE * lane) >> 3
         if not shared:
             self.q[word + 3] = tid
-        state = self.lane_of[ident] = [lane, tid, self.wseq[lane], 0, shared, word]
+        state = self.lane_of[ident] = [lane, tid, self.wseq[lane], 0, shared, word, []]
         return state
 
     def writer(self):
-        """The hot path as a closure over locals: write(probe, flags, t0, t1, v) with v 8 ints or None."""
+        """The hot path as a closure over locals: write(st, probe, flags, t0, t1, v), st the calling thread's
+        state (lane_of[get_ident()], or claim()), v 8 ints or None. Every watched call costs one Python call
+        here: the callers look their thread's state up themselves, since they need it too."""
         mm = self.mm
         pack_header = HEADER.pack_into
         pack_fields = FIELDS.pack_into
         q = self.q
-        lane_of = self.lane_of
-        get_ident = _get_ident
-        claim = self.claim
         cap = self.cap
         records = self.records
         shared_lock = self.shared_lock
         wseq = self.wseq
         lose = self._lose
+        bell = self.bell
 
-        def write(probe, flags, t0, t1, v):
-            st = lane_of.get(get_ident())
-            if st is None:
-                st = claim(get_ident())
-            lane, tid, seq, rseq, shared, word = st
+        def write(st, probe, flags, t0, t1, v):
+            lane, tid, seq, rseq, shared, word, _ = st
             if shared:
                 if not shared_lock.acquire(False):
                     lose(lane)
@@ -123,6 +125,11 @@ class _Ring:
                 st[2] = seq + 1
                 wseq[lane] = seq + 1
                 q[word] = seq + 1
+                if q[7] == probe + 1 and bell is not None:
+                    # The doorbell changes after the write sequence (stores stay in order), so a
+                    # reader that sees it changed sees the record too.
+                    q[6] += 1
+                    bell()
             finally:
                 if shared:
                     shared_lock.release()
@@ -151,6 +158,32 @@ class _Ring:
             self.mm.close()
         except Exception:
             pass
+
+
+def _doorbell(mm):
+    """bell() waking whoever waits on the ring's doorbell word (FUTEX_WAKE, shared: the reader maps the same
+    file), or None where the syscall is unknown or the target has not imported ctypes (the reader then finds
+    records by polling). ctypes is not imported for this: its import leaves libffi's trampoline memfd open in
+    the process for good (engines import it anyway: torch does)."""
+    try:
+        ctypes = sys.modules.get("ctypes")
+        if ctypes is None:
+            return None
+        nr = {"x86_64": 202, "aarch64": 98}[os.uname().machine]
+        word = ctypes.c_char.from_buffer(mm, DOORBELL)
+        addr = ctypes.addressof(word)
+        # The ctypes object holds an export of the mapping, which would keep mm.close() from unmapping it.
+        del word
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+        syscall.restype = ctypes.c_long
+        syscall.argtypes = (ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                            ctypes.c_void_p, ctypes.c_int)
+
+        def bell():
+            syscall(nr, addr, 1, 0x7FFFFFFF, None, None, 0)  # FUTEX_WAKE every waiter
+        return bell
+    except Exception:
+        return None
 
 
 def _extractor(func_code, fields):
@@ -227,20 +260,29 @@ class _Probe:
         self.tool = None
         self.lease_ns = 30_000_000_000
         self.next_check = 0
-        self.stacks = {}
         self.expire_pending = False
 
     # ---- records ---------------------------------------------------------------------------------------
-    def emit(self, watch, t0, t1, exc, extracted):
+    def emit(self, st, probe_id, t0, t1, exc, extracted):
+        """Writes one record from the slow paths (an exception, extracted fields) and renews the lease
+        check; st None: the calling thread's state is looked up here. The common path, a plain return
+        without fields, is written inline by the hooks. Raises nothing (the probe may be detached by now)."""
         try:
+            if st is None:
+                st = self.thread_state()
             if extracted is None:
-                self.write(watch.id, exc, t0, t1, None)
+                self.write(st, probe_id, exc, t0, t1, None)
             else:
-                self.write(watch.id, exc | (extracted[0] << 8), t0, t1, extracted[1])
+                self.write(st, probe_id, exc | (extracted[0] << 8), t0, t1, extracted[1])
             if t1 >= self.next_check:
                 self.check_lease(t1)
         except Exception:
             pass
+
+    def thread_state(self):
+        ring = self.ring
+        st = ring.lane_of.get(_get_ident())
+        return st if st is not None else ring.claim(_get_ident())
 
     def check_lease(self, now):
         self.next_check = now + 1_000_000_000
@@ -259,6 +301,9 @@ class _Probe:
         probe = self
         extract = watch.extract
         mono = _mono
+        lane_of = self.ring.lane_of
+        claim = self.ring.claim
+        get_ident = _get_ident
 
         if extract is None:
             def hook(args, kwargs):
@@ -266,11 +311,14 @@ class _Probe:
                 try:
                     r = orig(*args, **kwargs)
                 except BaseException:
-                    emit(watch, t0, mono(), 1, None)
+                    emit(None, pid, t0, mono(), 1, None)
                     raise
                 t1 = mono()
                 try:
-                    write(pid, 0, t0, t1, None)
+                    st = lane_of.get(get_ident())
+                    if st is None:
+                        st = claim(get_ident())
+                    write(st, pid, 0, t0, t1, None)
                     if t1 >= probe.next_check:
                         probe.check_lease(t1)
                 except Exception:
@@ -286,9 +334,9 @@ class _Probe:
                 try:
                     r = orig(*args, **kwargs)
                 except BaseException:
-                    emit(watch, t0, mono(), 1, x)
+                    emit(None, pid, t0, mono(), 1, x)
                     raise
-                emit(watch, t0, mono(), 0, x)
+                emit(None, pid, t0, mono(), 0, x)
                 return r
         return hook
 
@@ -338,10 +386,76 @@ class _Probe:
         else:
             raise RuntimeError("all sys.monitoring tool ids are in use")
         E = mon.events
-        mon.register_callback(self.tool, E.PY_START, self.on_start)
-        mon.register_callback(self.tool, E.PY_RETURN, self.on_return)
-        mon.register_callback(self.tool, E.PY_UNWIND, self.on_unwind)
+        on_start, on_return, on_unwind = self.monitoring_callbacks()
+        mon.register_callback(self.tool, E.PY_START, on_start)
+        mon.register_callback(self.tool, E.PY_RETURN, on_return)
+        mon.register_callback(self.tool, E.PY_UNWIND, on_unwind)
         mon.set_events(self.tool, E.PY_UNWIND)
+
+    def monitoring_callbacks(self):
+        """PY_START, PY_RETURN and PY_UNWIND callbacks as closures over locals: each is one Python call per
+        event plus the record's write (attribute lookups and nested calls are most of a watched call's cost).
+        PY_START and PY_RETURN fire only for watched code objects (local events); PY_UNWIND for every frame an
+        exception unwinds, so it tests the code object first."""
+        by_code = self.by_code
+        write = self.write
+        emit = self.emit
+        probe = self
+        mono = _mono
+        get_ident = _get_ident
+        lane_of = self.ring.lane_of
+        claim = self.ring.claim
+        getframe = sys._getframe
+
+        def on_start(code, offset):
+            try:
+                watch = by_code[code]
+                x = None
+                if watch.extract is not None:
+                    try:
+                        x = watch.extract((), getframe(1).f_locals)
+                    except Exception:
+                        x = None
+                st = lane_of.get(get_ident())
+                if st is None:
+                    st = claim(get_ident())
+                st[6].append((code, watch.id, x, mono()))
+            except Exception:
+                pass
+
+        def on_return(code, offset, retval):
+            t1 = mono()
+            try:
+                st = lane_of[get_ident()]
+                stack = st[6]
+                while stack:
+                    c, pid, x, t0 = stack.pop()
+                    if c is code:
+                        if x is None:
+                            write(st, pid, 0, t0, t1, None)
+                            if t1 >= probe.next_check:
+                                probe.check_lease(t1)
+                        else:
+                            emit(st, pid, t0, t1, 0, x)
+                        return
+            except Exception:
+                pass
+
+        def on_unwind(code, offset, exception):
+            if code in by_code:
+                t1 = mono()
+                try:
+                    st = lane_of[get_ident()]
+                    stack = st[6]
+                    while stack:
+                        c, pid, x, t0 = stack.pop()
+                        if c is code:
+                            emit(st, pid, t0, t1, 1, x)
+                            return
+                except Exception:
+                    pass
+
+        return on_start, on_return, on_unwind
 
     def monitor(self, watch):
         mon = sys.monitoring
@@ -350,43 +464,6 @@ class _Probe:
         E = mon.events
         mon.set_local_events(self.tool, watch.code, E.PY_START | E.PY_RETURN)
         watch.mechanism = "sys.monitoring"
-
-    def on_start(self, code, offset):
-        try:
-            watch = self.by_code[code]
-            x = None
-            if watch.extract is not None:
-                try:
-                    frame = sys._getframe(1)
-                    x = watch.extract((), frame.f_locals)
-                except Exception:
-                    x = None
-            ident = _get_ident()
-            stack = self.stacks.get(ident)
-            if stack is None:
-                stack = self.stacks[ident] = []
-            stack.append((watch, x, _mono()))
-        except Exception:
-            pass
-
-    def finish(self, code, exc):
-        try:
-            t1 = _mono()
-            stack = self.stacks.get(_get_ident())
-            while stack:
-                watch, x, t0 = stack.pop()
-                if watch.code is code:
-                    self.emit(watch, t0, t1, exc, x)
-                    return
-        except Exception:
-            pass
-
-    def on_return(self, code, offset, retval):
-        self.finish(code, 0)
-
-    def on_unwind(self, code, offset, exception):
-        if code in self.by_code:
-            self.finish(code, 1)
 
     # ---- watch / unwatch -----------------------------------------------------------------------------------
     def resolve(self, module_name, qualname):
@@ -465,8 +542,10 @@ class _Probe:
             except Exception as e:
                 errors.append("%s: %s" % (w.spec, e))
         self.watches = []
-        self.by_code = {}
-        self.stacks = {}
+        self.by_code.clear()
+        if self.ring is not None:
+            for st in list(self.ring.lane_of.values()):
+                del st[6][:]
         if self.tool is not None:
             try:
                 mon = sys.monitoring

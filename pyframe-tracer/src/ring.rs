@@ -8,14 +8,14 @@
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use memmap2::MmapMut;
 
 /// "STLSCPR1" read as a little-endian u64.
 pub const MAGIC: u64 = 0x3152_5043_534C_5453;
 /// Layout version (bump with probe.py's PROBE_VERSION when the layout changes).
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Bytes per record.
 pub const RECORD_SIZE: usize = 128;
 /// Extracted integer fields per record.
@@ -30,6 +30,11 @@ pub const MAX_LANES: usize = (CONTROL - LANE_BASE) / LANE_SIZE;
 const RECORDS: usize = 65536;
 const OFF_HEARTBEAT: usize = 24;
 const OFF_STATE: usize = 32;
+/// The doorbell: a 32-bit futex word the probe increments, then wakes, after a record of
+/// [`OFF_BELL_PROBE`]'s watch (the reader waits on it instead of polling).
+const OFF_DOORBELL: usize = 48;
+/// 1 + the watch whose records ring the doorbell; 0 rings it for none.
+const OFF_BELL_PROBE: usize = 56;
 
 /// One timed call of a watched function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,6 +224,20 @@ impl Ring {
     #[cfg(test)]
     pub(crate) fn read_heartbeat(&self) -> u64 {
         self.load(OFF_HEARTBEAT)
+    }
+
+    /// The doorbell word, for [`sys_util::futex::wait_any`]: read it before draining, then
+    /// wait for it to change.
+    pub fn doorbell(&self) -> &AtomicU32 {
+        // SAFETY: OFF_DOORBELL is 4-aligned inside the mapping, which lives as long as `self`;
+        // the probe changes the word only by whole aligned stores.
+        unsafe { &*(self.map.as_ptr().add(OFF_DOORBELL) as *const AtomicU32) }
+    }
+
+    /// Has the probe ring the doorbell after each record of `probe` (None: of no watch). The
+    /// records that decide something, the anchor's, are the ones worth a wake.
+    pub fn ring_on(&self, probe: Option<u32>) {
+        self.store(OFF_BELL_PROBE, probe.map_or(0, |p| u64::from(p) + 1));
     }
 
     /// Probe state: 0 never attached, 1 attached, 2 detached.

@@ -308,6 +308,20 @@ impl Session {
         self.ring.drain(out)
     }
 
+    /// The ring's doorbell ([`Ring::doorbell`]): read it before [`Session::drain`], then wait
+    /// for it to change.
+    pub fn doorbell(&self) -> &std::sync::atomic::AtomicU32 {
+        self.ring.doorbell()
+    }
+
+    /// Has the probe ring the doorbell after each call of `func` ends (None: after none).
+    /// Returns whether a watch of that function exists.
+    pub fn ring_after(&self, func: Option<&str>) -> bool {
+        let probe = func.and_then(|f| self.probes.iter().find(|p| p.func() == f));
+        self.ring.ring_on(probe.map(|p| p.id));
+        probe.is_some() || func.is_none()
+    }
+
     /// Records the probe could not write because the ring was full.
     pub fn lost_records(&self) -> u64 {
         self.ring.lost()

@@ -1,11 +1,12 @@
 //! What every stallscope crate, xtask and the tests share of the operating system: the
-//! clocks, a plain HTTP/1.0 client, a process-group guard, work that outlives its caller,
+//! clocks, doorbells in shared memory, a plain HTTP/1.0 client, a process-group guard, work that outlives its caller,
 //! owner-only files, files locked for their creator's life, and pods made of namespaces and
 //! cgroups. It depends on libc alone, so that the agent injected into engines can use it too.
 
 pub mod cgroup;
 pub mod clock;
 pub mod detached;
+pub mod futex;
 pub mod http;
 pub mod lock;
 pub mod pod;

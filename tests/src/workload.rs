@@ -152,6 +152,7 @@ fn main() {
                                 std::ptr::null_mut(),
                                 std::ptr::null_mut(),
                             );
+                            libc::sched_yield();
                         }
                     }
                 });

@@ -56,29 +56,50 @@ pub fn run() -> Result<()> {
 }
 
 /// In-kernel cost per event of each program (BPF_ENABLE_STATS run_time / run_cnt) while a
-/// context-switch-heavy workload is watched.
+/// context-switch-heavy workload runs, watched (both sides of every switch are watched
+/// threads), then unwatched (the probes watch an idle process; what every other process on the
+/// node pays).
 fn per_event_cost() -> Result<()> {
-    println!("### In-kernel cost per event (sentinel mode, pingpong workload watched)\n");
-    println!("| program | runs | ns/run |\n|---|---:|---:|");
-    let (child, _out, info) = start_workload(&["pingpong", "--seconds", "8"])?;
-    let report = probe_json(
-        info["pid"].as_u64().unwrap(),
-        &["--duration", "5s", "--prog-stats"],
-    )?;
-    stop(child);
-    for p in report["programs"].as_array().context("no program stats")? {
-        let (runs, ns) = (
-            p["run_count"].as_f64().unwrap(),
-            p["run_time_ns"].as_f64().unwrap(),
-        );
+    for watched in [true, false] {
         println!(
-            "| {} | {} | {:.1} |",
-            p["tracepoint"].as_str().unwrap(),
-            runs,
-            ns / runs.max(1.0)
+            "### In-kernel cost per event (sentinel mode, pingpong workload {})\n",
+            if watched {
+                "watched"
+            } else {
+                "running, not watched: the probes watch an idle process"
+            }
         );
+        println!("| program | runs | ns/run |\n|---|---:|---:|");
+        let (child, _out, info) = start_workload(&["pingpong", "--seconds", "8"])?;
+        let mut idle = None;
+        let pid = if watched {
+            info["pid"].as_u64().context("no pid from the workload")?
+        } else {
+            let c = Command::new("sleep").arg("30").spawn()?;
+            let pid = u64::from(c.id());
+            idle = Some(c);
+            pid
+        };
+        let report = probe_json(pid, &["--duration", "5s", "--prog-stats"]);
+        stop(child);
+        if let Some(mut c) = idle {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for p in report?["programs"].as_array().context("no program stats")? {
+            let (runs, ns) = (
+                p["run_count"].as_f64().unwrap_or(0.0),
+                p["run_time_ns"].as_f64().unwrap_or(0.0),
+            );
+            println!(
+                "| {} | {} | {:.1} |",
+                p["tracepoint"].as_str().unwrap_or("?"),
+                runs,
+                ns / runs.max(1.0)
+            );
+        }
+        println!();
     }
-    println!();
     Ok(())
 }
 

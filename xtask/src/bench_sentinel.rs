@@ -13,10 +13,13 @@ use std::{
 use anyhow::{bail, Context, Result};
 use model::{synthetic::decode_samples, Baseline, BaselineParams, Fingerprint, Workload};
 
-/// Load runs per arm of the A/B comparison.
-const PAIRS: usize = 4;
-/// Requests per load run.
-const REQUESTS: &str = "48";
+/// Rounds of load runs, one per arm each (off, the daemon, its kernel plane only).
+const ROUNDS: usize = 10;
+/// Requests per load run: 3 waves of 8 in lockstep, each a prefill and 127 decode steps at
+/// batch 8, so that every run does the same work (fixed lengths, `ignore_eos`).
+const REQUESTS: &str = "24";
+const PROMPT_TOKENS: &str = "64";
+const OUTPUT_TOKENS: &str = "128";
 
 pub fn run() -> Result<()> {
     model_costs()?;
@@ -68,18 +71,28 @@ fn xtask_bin() -> PathBuf {
     crate::root().join("target/release/xtask")
 }
 
-/// One bounded load run; its output tokens per second.
-fn load_run(seed: usize) -> Result<f64> {
+/// One load run's figures: the client's, and vLLM's own decode step at batch 8 from its
+/// log over the run.
+#[derive(Clone)]
+struct RunFigures {
+    tokens_per_s: f64,
+    latency_p50_s: f64,
+    latency_p99_s: f64,
+    step_b8_ms: f64,
+}
+
+/// One bounded load run of fixed-length requests, prompts drawn by `seed`.
+fn load_run(seed: usize, server_log: &std::path::Path) -> Result<RunFigures> {
+    let from = std::fs::metadata(server_log).map_or(0, |m| m.len() as usize);
     let out = Command::new(xtask_bin())
+        .args(["vllm", "load", "--requests", REQUESTS, "--concurrency", "8"])
         .args([
-            "vllm",
-            "load",
-            "--requests",
-            REQUESTS,
-            "--concurrency",
-            "8",
-            "--seed",
+            "--prompt-tokens",
+            PROMPT_TOKENS,
+            "--output-tokens",
+            OUTPUT_TOKENS,
         ])
+        .arg("--seed")
         .arg(seed.to_string())
         .stderr(Stdio::inherit())
         .output()?;
@@ -88,9 +101,20 @@ fn load_run(seed: usize) -> Result<f64> {
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let v: serde_json::Value = serde_json::from_str(text.lines().last().context("no summary")?)?;
-    v["output_tokens_per_s"]
-        .as_f64()
-        .with_context(|| format!("no throughput in {v}"))
+    let num = |k: &str| {
+        v[k].as_f64()
+            .with_context(|| format!("no {k} in the load summary {v}"))
+    };
+    let log = std::fs::read(server_log)?;
+    let tail = String::from_utf8_lossy(&log[from.min(log.len())..]);
+    let (step_b8_ms, _) = crate::vllm_size::decode_step_b8(&tail)
+        .context("no decode step at batch 8 in vLLM's log over the run")?;
+    Ok(RunFigures {
+        tokens_per_s: num("output_tokens_per_s")?,
+        latency_p50_s: num("latency_p50_s")?,
+        latency_p99_s: num("latency_p99_s")?,
+        step_b8_ms,
+    })
 }
 
 /// utime + stime of a process, in clock ticks, and its RSS in KiB.
@@ -119,14 +143,109 @@ impl Drop for Daemon {
     }
 }
 
-fn start_daemon(dir: &std::path::Path) -> Result<Daemon> {
-    let log = std::fs::File::create(dir.join("daemon.log"))?;
-    let child = Command::new(crate::stallscope_bin())
-        .args(["run", "--listen", "127.0.0.1:9477", "--state-dir"])
-        .arg(dir)
-        .stderr(log)
+/// What runs beside the engine in one arm of the comparison.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Arm {
+    /// Nothing.
+    Off,
+    /// The daemon as shipped: kernel plane, Python probes, sentinel.
+    Full,
+    /// The daemon with no engine to attach its Python probes to: the kernel plane alone
+    /// (it still watches vLLM's processes by `[watch] process_patterns`).
+    KernelOnly,
+}
+
+impl Arm {
+    fn name(self) -> &'static str {
+        match self {
+            Arm::Off => "off",
+            Arm::Full => "daemon",
+            Arm::KernelOnly => "kernel plane only",
+        }
+    }
+}
+
+/// Starts the daemon for `arm` with its state in `dir` and waits until it follows the engine:
+/// its Python probes attached (the engine's main thread takes them at its next step, so a
+/// short load brings them in) or, kernel plane only, its processes watched.
+fn start_daemon(dir: &std::path::Path, arm: Arm) -> Result<Daemon> {
+    let log_path = dir.join(format!("daemon-{}.log", arm.name().replace(' ', "-")));
+    let log = std::fs::File::create(&log_path)?;
+    let mut cmd = Command::new(crate::stallscope_bin());
+    cmd.args(["run", "--listen", "127.0.0.1:9477", "--state-dir"])
+        .arg(dir.join(arm.name().replace(' ', "-")));
+    if arm == Arm::KernelOnly {
+        let cfg = dir.join("kernel-only.toml");
+        std::fs::write(
+            &cfg,
+            "[sentinel]\nengine_patterns = [\"stallscope-bench: no such engine\"]\n",
+        )?;
+        cmd.arg("--config").arg(cfg);
+    }
+    let d = Daemon(cmd.stderr(log).spawn()?);
+    let want = if arm == Arm::Full {
+        ": attached ("
+    } else {
+        "kernel plane: watching pid"
+    };
+    let until = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&log_path)?.contains(want) {
+        if Instant::now() > until {
+            bail!(
+                "the daemon did not follow the engine in 60 s: see {}",
+                log_path.display()
+            );
+        }
+        if arm == Arm::Full {
+            nudge()?;
+        } else {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    Ok(d)
+}
+
+/// Two short requests: the engine's main thread steps, so a pending attach or detach lands.
+fn nudge() -> Result<()> {
+    let out = Command::new(xtask_bin())
+        .args(["vllm", "load", "--requests", "2", "--concurrency", "2"])
+        .args([
+            "--prompt-tokens",
+            "16",
+            "--output-tokens",
+            "8",
+            "--seed",
+            "1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()?;
+    if !out.success() {
+        bail!("a nudge request failed");
+    }
+    Ok(())
+}
+
+/// Stops the daemon while the engine steps, so that its probes' detach lands at once (an idle
+/// engine's main thread waits in a socket, and they would stay until their lease ran out).
+fn stop_daemon(d: Daemon) -> Result<()> {
+    let mut load = Command::new(xtask_bin())
+        .args(["vllm", "load", "--duration", "4", "--concurrency", "2"])
+        .args([
+            "--prompt-tokens",
+            "16",
+            "--output-tokens",
+            "32",
+            "--seed",
+            "2",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()?;
-    Ok(Daemon(child))
+    std::thread::sleep(Duration::from_millis(500));
+    drop(d);
+    load.wait()?;
+    Ok(())
 }
 
 fn metrics() -> Option<String> {
@@ -138,8 +257,8 @@ fn metrics() -> Option<String> {
     Some(r)
 }
 
-/// The q-quantile of a Prometheus histogram (linear inside the bucket).
-fn histogram_quantile(text: &str, name: &str, q: f64) -> Option<f64> {
+/// A Prometheus histogram's cumulative buckets (upper bound, count).
+fn histogram_buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
     let mut buckets: Vec<(f64, f64)> = text
         .lines()
         .filter(|l| l.starts_with(&format!("{name}_bucket")))
@@ -154,10 +273,26 @@ fn histogram_quantile(text: &str, name: &str, q: f64) -> Option<f64> {
         })
         .collect();
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets
+}
+
+/// Adds `more` to the cumulative buckets in `sum` (the same bounds; `sum` empty at first).
+fn add_buckets(sum: &mut Vec<(f64, f64)>, more: &[(f64, f64)]) {
+    if sum.is_empty() {
+        sum.extend_from_slice(more);
+    } else {
+        for (s, m) in sum.iter_mut().zip(more) {
+            s.1 += m.1;
+        }
+    }
+}
+
+/// The q-quantile of cumulative histogram buckets (linear inside the bucket).
+fn quantile(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
     let total = buckets.last()?.1;
     let want = q * total;
     let mut prev = (0.0, 0.0);
-    for &(le, c) in &buckets {
+    for &(le, c) in buckets {
         if c >= want {
             if le.is_infinite() {
                 return Some(prev.0);
@@ -169,6 +304,21 @@ fn histogram_quantile(text: &str, name: &str, q: f64) -> Option<f64> {
     None
 }
 
+/// Mean and half-width of its 95 % confidence interval (Student's t) of `v`.
+fn mean_ci95(v: &[f64]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    // t(0.975) for n - 1 degrees of freedom, n = 2..=30; beyond, the normal's 1.96.
+    const T: [f64; 29] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045,
+    ];
+    let t = T.get(v.len().saturating_sub(2)).copied().unwrap_or(1.96);
+    (mean, t * (var / n).sqrt())
+}
+
 fn vllm_overhead() -> Result<()> {
     let state =
         std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
@@ -177,60 +327,130 @@ fn vllm_overhead() -> Result<()> {
         println!("\n(vLLM part skipped: no server; run `cargo xtask vllm up` first)");
         return Ok(());
     }
+    let server: serde_json::Value = serde_json::from_slice(&std::fs::read(&state)?)?;
+    let server_log = PathBuf::from(
+        server["log"]
+            .as_str()
+            .context("no log in the server's state")?,
+    );
     let dir = std::env::temp_dir().join("stallscope-bench-sentinel");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
-    // Warm the engine, then attach once (the probes stay installed while the daemon runs; the
-    // "off" arm runs with the daemon stopped and the probes removed).
-    load_run(100)?;
-    let (mut on, mut off) = (Vec::new(), Vec::new());
-    let (mut cpu_s, mut wall_s, mut rss_max) = (0.0, 0.0, 0u64);
+    // Warm the engine up with the daemon attached long enough to fit its model (1,000 decode
+    // iterations), which the daemon stores and every later run loads: the runs' iterations
+    // then get verdicts from the first.
+    let d = start_daemon(&dir, Arm::Full)?;
+    let warm = Command::new(xtask_bin())
+        .args([
+            "vllm",
+            "load",
+            "--duration",
+            "60",
+            "--concurrency",
+            "8",
+            "--seed",
+            "99",
+        ])
+        .stdout(Stdio::null())
+        .status()?;
+    if !warm.success() {
+        bail!("the warm-up load failed");
+    }
+    stop_daemon(d)?;
+    let arms = [Arm::Off, Arm::Full, Arm::KernelOnly];
+    let mut runs: Vec<Vec<RunFigures>> = vec![Vec::new(); arms.len()];
+    // Per daemon arm: CPU seconds, wall seconds, the largest RSS (KiB).
+    let mut cost = [(0.0, 0.0, 0u64); 3];
+    let mut verdicts = Vec::new();
     let hz = 100.0;
-    for i in 0..PAIRS {
-        // Every run gets its own prompts (vLLM's prefix cache would favour a repeated set), and
-        // the arms alternate which goes first.
-        let (seed_off, seed_on) = (1000 + 2 * i, 1001 + 2 * i);
-        if i % 2 == 0 {
-            off.push(load_run(seed_off)?);
+    for round in 0..ROUNDS {
+        // Each round runs every arm once, the order rotating; every run gets prompts of its
+        // own (vLLM's prefix cache would favour a repeated set).
+        for k in 0..arms.len() {
+            let a = (round + k) % arms.len();
+            let arm = arms[a];
+            let seed = 1000 + arms.len() * round + a;
+            let run = if arm == Arm::Off {
+                load_run(seed, &server_log)?
+            } else {
+                let d = start_daemon(&dir, arm)?;
+                let t = Instant::now();
+                let c0 = cpu_and_rss(d.0.id()).map_or(0, |c| c.0);
+                let run = load_run(seed, &server_log)?;
+                let (c1, rss) = cpu_and_rss(d.0.id()).unwrap_or((c0, 0));
+                cost[a].0 += c1.saturating_sub(c0) as f64 / hz;
+                cost[a].1 += t.elapsed().as_secs_f64();
+                cost[a].2 = cost[a].2.max(rss);
+                if arm == Arm::Full {
+                    add_buckets(
+                        &mut verdicts,
+                        &histogram_buckets(
+                            &metrics().unwrap_or_default(),
+                            "stallscope_verdict_latency_seconds",
+                        ),
+                    );
+                }
+                stop_daemon(d)?;
+                run
+            };
+            runs[a].push(run);
         }
-        let d = start_daemon(&dir)?;
-        // Attach happens once the engine is busy: the first requests of the run.
-        let t = Instant::now();
-        let c0 = cpu_and_rss(d.0.id()).map_or(0, |c| c.0);
-        let tp = load_run(seed_on)?;
-        let (c1, rss) = cpu_and_rss(d.0.id()).unwrap_or((c0, 0));
-        cpu_s += (c1 - c0) as f64 / hz;
-        wall_s += t.elapsed().as_secs_f64();
-        rss_max = rss_max.max(rss);
-        on.push(tp);
-        if i + 1 == PAIRS {
-            let m = metrics().unwrap_or_default();
-            let p50 = histogram_quantile(&m, "stallscope_verdict_latency_seconds", 0.5);
-            let p99 = histogram_quantile(&m, "stallscope_verdict_latency_seconds", 0.99);
-            println!("\n## Sentinel on vLLM (cargo xtask bench --only sentinel)\n");
+    }
+    println!("\n## Sentinel on vLLM (cargo xtask bench --only sentinel)\n");
+    println!(
+        "{ROUNDS} rounds, each one run per arm in rotating order; a run is {REQUESTS} requests of {PROMPT_TOKENS} prompt and {OUTPUT_TOKENS} output tokens, 8 at a time.\n"
+    );
+    println!("| round | arm | output tok/s | vLLM step at batch 8 (ms) | request latency p50 / p99 (s) |\n|---|---|---|---|---|");
+    for round in 0..ROUNDS {
+        for (arm, arm_runs) in arms.iter().zip(&runs) {
+            let r = &arm_runs[round];
             println!(
-                "verdict latency (iteration end -> verdict, the moment an alert is raised): p50 {:.0} us, p99 {:.0} us",
-                p50.unwrap_or(f64::NAN) * 1e6,
-                p99.unwrap_or(f64::NAN) * 1e6
+                "| {} | {} | {:.1} | {:.2} | {:.3} / {:.3} |",
+                round + 1,
+                arm.name(),
+                r.tokens_per_s,
+                r.step_b8_ms,
+                r.latency_p50_s,
+                r.latency_p99_s
             );
         }
-        drop(d);
-        std::thread::sleep(Duration::from_secs(2));
-        if i % 2 == 1 {
-            off.push(load_run(seed_off)?);
-        }
     }
-    let mut ratios: Vec<f64> = on.iter().zip(&off).map(|(a, b)| a / b).collect();
-    ratios.sort_by(f64::total_cmp);
-    println!("| pair | off tok/s | on tok/s | on/off |\n|---|---|---|---|");
-    for (i, (a, b)) in on.iter().zip(&off).enumerate() {
-        println!("| {} | {b:.1} | {a:.1} | {:.4} |", i + 1, a / b);
+    println!();
+    for (a, arm) in arms.iter().enumerate().skip(1) {
+        let ratio = |f: fn(&RunFigures) -> f64| -> Vec<f64> {
+            runs[a]
+                .iter()
+                .zip(&runs[0])
+                .map(|(x, o)| f(x) / f(o))
+                .collect()
+        };
+        for (what, r) in [
+            ("output tokens/s", ratio(|r| r.tokens_per_s)),
+            ("vLLM's decode step at batch 8", ratio(|r| r.step_b8_ms)),
+            ("request latency p50", ratio(|r| r.latency_p50_s)),
+            ("request latency p99", ratio(|r| r.latency_p99_s)),
+        ] {
+            let (mean, half) = mean_ci95(&r);
+            println!(
+                "{} / off, {what}: mean {mean:.4}, 95 % CI {:.4} to {:.4}",
+                arm.name(),
+                mean - half,
+                mean + half
+            );
+        }
+        let (cpu, wall, rss) = cost[a];
+        println!(
+            "{}: daemon CPU {:.2} % of one core under load; RSS max {} MiB",
+            arm.name(),
+            100.0 * cpu / wall.max(1e-9),
+            rss / 1024
+        );
     }
     println!(
-        "median throughput ratio (on/off): {:.4}; daemon CPU {:.2} % of one core while attached; RSS max {} MiB",
-        ratios[ratios.len() / 2],
-        100.0 * cpu_s / wall_s,
-        rss_max / 1024
+        "verdict latency (iteration end -> verdict) over the daemon's runs: p50 {:.0} us, p99 {:.0} us, {} verdicts",
+        quantile(&verdicts, 0.5).unwrap_or(f64::NAN) * 1e6,
+        quantile(&verdicts, 0.99).unwrap_or(f64::NAN) * 1e6,
+        verdicts.last().map_or(0.0, |b| b.1)
     );
     Ok(())
 }

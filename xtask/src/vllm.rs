@@ -95,6 +95,12 @@ pub enum Vllm {
         /// Seeds the choice of prompts and lengths.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Every prompt this many tokens long (default: 16 to 512, drawn).
+        #[arg(long)]
+        prompt_tokens: Option<u32>,
+        /// Every request asks for exactly this many output tokens (default: 16 to 256, drawn).
+        #[arg(long)]
+        output_tokens: Option<u32>,
     },
     /// Stop the server `up` started (SIGTERM to its process group, SIGKILL after 30 s).
     Down,
@@ -126,7 +132,16 @@ pub fn run(cmd: Vllm) -> Result<()> {
             concurrency,
             port,
             seed,
-        } => load(requests, duration, concurrency, port, seed),
+            prompt_tokens,
+            output_tokens,
+        } => load(
+            requests,
+            duration,
+            concurrency,
+            port,
+            seed,
+            (prompt_tokens, output_tokens),
+        ),
         Vllm::Down => down(),
     }
 }
@@ -798,6 +813,7 @@ fn load(
     concurrency: u32,
     port: Option<u16>,
     seed: u64,
+    (prompt, output): (Option<u32>, Option<u32>),
 ) -> Result<()> {
     let python = venv_python()?;
     let server = Server::load()?
@@ -812,6 +828,22 @@ fn load(
     }
     if let Some(secs) = duration {
         cmd.args(["--duration", &secs.to_string()]);
+    }
+    if let Some(n) = prompt {
+        cmd.args([
+            "--min-prompt",
+            &n.to_string(),
+            "--max-prompt",
+            &n.to_string(),
+        ]);
+    }
+    if let Some(n) = output {
+        cmd.args([
+            "--min-output",
+            &n.to_string(),
+            "--max-output",
+            &n.to_string(),
+        ]);
     }
     run_checked(&mut cmd)
 }

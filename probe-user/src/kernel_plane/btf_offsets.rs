@@ -1,18 +1,21 @@
 //! Field offsets of kernel structures, read from the kernel's BTF at load time so the
-//! probes work across kernel builds (a hand-rolled CO-RE for the two fields we need).
+//! probes work across kernel builds (a hand-rolled CO-RE for the few fields we need).
 
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use btf_rs::{Btf, Type};
 
-/// Offsets inside `struct task_struct`.
+/// Offsets inside `struct task_struct` and `struct pt_regs`.
 #[derive(Debug, Clone, Copy)]
 pub struct TaskOffsets {
     /// Byte offset of `pid` (the thread id).
     pub pid: u32,
     /// Byte offset of `tgid` (the process id).
     pub tgid: u32,
+    /// Byte offset of the syscall number in `struct pt_regs` (`orig_ax` on x86-64,
+    /// `syscallno` on arm64), if the BTF has it.
+    pub regs_nr: Option<u32>,
 }
 
 impl TaskOffsets {
@@ -33,9 +36,24 @@ impl TaskOffsets {
             member_offset(&btf, &task, name)?
                 .with_context(|| format!("struct task_struct has no field {name} in kernel BTF"))
         };
+        let regs_nr = btf
+            .resolve_types_by_name("pt_regs")
+            .ok()
+            .into_iter()
+            .flatten()
+            .find_map(|t| match t {
+                Type::Struct(s) => Some(s),
+                _ => None,
+            })
+            .and_then(|regs| {
+                ["orig_ax", "syscallno"]
+                    .iter()
+                    .find_map(|name| member_offset(&btf, &regs, name).ok().flatten())
+            });
         Ok(Self {
             pid: find("pid")?,
             tgid: find("tgid")?,
+            regs_nr,
         })
     }
 }

@@ -36,6 +36,25 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 /// Flag for `bpf_map_update_elem`: only create, never overwrite.
 const BPF_NOEXIST: u64 = 1;
 
+/// Syscalls left out of the accounting outside deep dives ([`Config::unaccounted`]).
+/// `sched_yield` is a spin-wait's: vLLM's engine core yields ~270k times a second while its
+/// worker computes, and accounting each one cost the node ~12 % of a core in the probes
+/// (BENCHMARKS.md, Kernel plane). The thread's time in it is still running or runnable, and
+/// the ranking leaves it out as a wait syscall anyway.
+const UNACCOUNTED_SYSCALLS: &[i64] = &[libc::SYS_sched_yield];
+
+/// The bitmap of `nrs` for [`Config::unaccounted`].
+fn unaccounted(nrs: &[i64]) -> [u64; probe_common::UNACCOUNTED_WORDS] {
+    let mut words = [0u64; probe_common::UNACCOUNTED_WORDS];
+    for &nr in nrs {
+        let nr = nr as usize;
+        if nr < 64 * words.len() {
+            words[nr / 64] |= 1 << (nr % 64);
+        }
+    }
+    words
+}
+
 /// How a hook was attached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttachKind {
@@ -142,7 +161,8 @@ impl KernelPlane {
             view_dev: view.map_or(0, |v| v.dev),
             view_ino: view.map_or(0, |v| v.ino),
             learn: 0,
-            _pad: 0,
+            regs_nr_off: offsets.regs_nr.unwrap_or(0),
+            unaccounted: unaccounted(UNACCOUNTED_SYSCALLS),
         };
         config_map
             .set(0, config, 0)

@@ -183,7 +183,9 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
             daemon.show_groups(&node);
         }
         daemon.mark.enter(Phase::Idle);
-        std::thread::sleep(cfg.sentinel.poll_interval);
+        // Until an engine's anchor call ends (its doorbell), or the poll period for the rest.
+        let bells: Vec<_> = daemon.engines.values().map(Engine::doorbell).collect();
+        sys_util::futex::wait_any(&bells, cfg.sentinel.poll_interval);
     }
     dives.stop(&mut daemon.engines, &mut plane, &daemon.mark);
     let attached = daemon.attacher.join_all();

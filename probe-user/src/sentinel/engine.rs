@@ -45,6 +45,10 @@ pub struct Engine {
     gpu: GpuFigures,
     lost: LostRecords,
     records: Vec<Record>,
+    /// The doorbell's value read before the last drain (see [`Engine::doorbell`]).
+    bell_seen: u32,
+    /// The function whose calls ring the doorbell: the anchor, once known.
+    bell_after: Option<String>,
     /// Iterations by stage.
     counts: BTreeMap<String, u64>,
     /// Calls kept for a capture in progress (None: not tapped).
@@ -90,6 +94,8 @@ impl Engine {
             .iter()
             .find(|p| p.role == "anchor")
             .map(|p| p.func().to_string());
+        session.ring_after(anchor_func.as_deref());
+        let bell_after = anchor_func.clone();
         let anchor = Anchor::new(pid, anchor_func, fields);
         let (models, fingerprint, baseline) = ModelStore::open(state_dir, pid, &framework);
         let labels = ProcessLabels::new(pid, &identity);
@@ -116,6 +122,8 @@ impl Engine {
             identity,
             labels,
             records: Vec::with_capacity(4096),
+            bell_seen: 0,
+            bell_after,
             counts: BTreeMap::new(),
             tap: None,
             healthy_since: None,
@@ -128,8 +136,19 @@ impl Engine {
         &self.identity
     }
 
+    /// The probe ring's doorbell and its value before the last drain, for the daemon's wait
+    /// ([`sys_util::futex::wait_any`]): it changes as soon as an anchor call ends, that is, as
+    /// soon as an iteration is there to decide on.
+    pub fn doorbell(&self) -> (&std::sync::atomic::AtomicU32, u32) {
+        (self.session.doorbell(), self.bell_seen)
+    }
+
     /// Drains the probe ring and runs every new iteration through the sentinel.
     pub fn tick(&mut self, shared: &Shared, export: &mut Option<IterationCsv>) {
+        self.bell_seen = self
+            .session
+            .doorbell()
+            .load(std::sync::atomic::Ordering::Acquire);
         self.records.clear();
         self.session.drain(&mut self.records);
         let records = std::mem::take(&mut self.records);
@@ -144,6 +163,10 @@ impl Engine {
         }
         self.records = records;
         self.anchor.settle(self.pid);
+        if self.anchor.func() != self.bell_after.as_deref() {
+            self.bell_after = self.anchor.func().map(str::to_string);
+            self.session.ring_after(self.bell_after.as_deref());
+        }
         self.lost.update(
             self.session.lost_records(),
             self.session.ring_resyncs(),
