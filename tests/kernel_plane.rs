@@ -184,17 +184,22 @@ fn storm_report(extra: &[&str]) -> Value {
     )
 }
 
+/// The storm's thread in a report of it.
+fn storm_thread(report: &Value) -> &Value {
+    report["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["comm"] == "storm0")
+        .unwrap_or_else(|| panic!("no storm0 thread in {report}"))
+}
+
 /// Syscall counts, latency totals and send/recv bytes are attributed to the right thread.
 #[test]
 fn syscalls_and_network_bytes_are_counted() {
     require_root();
     let report = storm_report(&[]);
-    let storm_thread = report["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["comm"] == "storm0")
-        .unwrap_or_else(|| panic!("no storm0 thread in {report}"));
+    let storm_thread = storm_thread(&report);
     let sys = &storm_thread["syscalls"];
     let getppid = sys["getppid"]["count"].as_u64().unwrap();
     let sendto = sys["sendto"]["count"].as_u64().unwrap();
@@ -251,12 +256,7 @@ fn deep_dive_streams_events() {
     assert!(enter.abs_diff(exit) < 16, "every enter has its exit: {ev}");
     assert!(report["lost_events"].is_u64());
     // A deep dive accounts every syscall, sched_yield too (one per 64 getppid).
-    let storm_thread = report["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["comm"] == "storm0")
-        .unwrap_or_else(|| panic!("no storm0 thread in {report}"));
+    let storm_thread = storm_thread(&report);
     let sys = &storm_thread["syscalls"];
     let (getppid, yields) = (
         sys["getppid"]["count"].as_u64().unwrap(),

@@ -2,8 +2,9 @@
 //! processes, plus a raw event stream for deep dives.
 //!
 //! Every hook exists as a `tp_btf` program and a `raw_tracepoint` twin. Both kinds of
-//! context are an array of `u64` arguments, so each pair shares one body; userspace
-//! loads whichever kind the kernel accepts.
+//! context are an array of `u64` arguments, so each pair shares one body (sys_exit's told
+//! how it may read the registers an argument points to); userspace loads whichever kind the
+//! kernel accepts.
 #![no_std]
 #![no_main]
 
@@ -395,21 +396,48 @@ fn on_sys_enter(ctx: *mut core::ffi::c_void) -> u32 {
     0
 }
 
+/// How a program may read the `struct pt_regs *` its tracepoint passes.
+#[derive(Clone, Copy)]
+enum Regs {
+    /// tp_btf: the argument is a typed kernel pointer, loaded from directly (the verifier
+    /// checks the offset against the type; the JIT catches a fault).
+    Typed,
+    /// raw_tracepoint: a plain number, read through bpf_probe_read_kernel.
+    Untyped,
+}
+
+/// `orig_ax` in x86-64's `struct pt_regs`: fixed by the ptrace ABI (`ORIG_RAX * 8`).
+const X86_ORIG_AX: u64 = 15 * 8;
+
+/// The syscall number in a sys_exit's registers, if it can be read.
+#[inline(always)]
+fn syscall_nr(ctx: *mut core::ffi::c_void, regs: Regs, cfg: &Config) -> Option<u64> {
+    match regs {
+        // SAFETY: the first argument of sys_exit is the task's pt_regs, and orig_ax lies
+        // inside it; the verifier only accepts this load as a checked one.
+        Regs::Typed if cfg.regs_nr_off as u64 == X86_ORIG_AX => {
+            Some(unsafe { *((arg(ctx, 0) + X86_ORIG_AX) as *const u64) })
+        }
+        Regs::Typed | Regs::Untyped if cfg.regs_nr_off != 0 => {
+            // SAFETY: bpf_probe_read_kernel checks the address and fails instead of
+            // faulting; the offset is the syscall number's, from BTF.
+            unsafe {
+                bpf_probe_read_kernel((arg(ctx, 0) + u64::from(cfg.regs_nr_off)) as *const u64)
+            }
+            .ok()
+        }
+        _ => None,
+    }
+}
+
 /// sys_exit(struct pt_regs *regs, long ret)
 #[inline(always)]
-fn on_sys_exit(ctx: *mut core::ffi::c_void) -> u32 {
+fn on_sys_exit(ctx: *mut core::ffi::c_void, regs: Regs) -> u32 {
     let Some(cfg) = config() else { return 0 };
-    if cfg.regs_nr_off != 0 {
-        // SAFETY: bpf_probe_read_kernel checks the address (regs, the first argument, is the
-        // task's pt_regs) and fails instead of faulting; the offset is orig_ax's, from BTF.
-        let nr = unsafe {
-            bpf_probe_read_kernel((arg(ctx, 0) + u64::from(cfg.regs_nr_off)) as *const u64)
-        };
-        // A syscall entered unaccounted left sys_nr unset: the full path below would find
-        // NO_SYSCALL and stop too, after a map lookup.
-        if nr.is_ok_and(|nr| !cfg.accounts(nr)) {
-            return 0;
-        }
+    // A syscall entered unaccounted left sys_nr unset: the full path below would find
+    // NO_SYSCALL and stop too, after a map lookup.
+    if syscall_nr(ctx, regs, cfg).is_some_and(|nr| !cfg.accounts(nr)) {
+        return 0;
     }
     let (tid, _, Some(s)) = current_thread() else {
         return 0;
@@ -485,7 +513,14 @@ hook_pair!(
 hook_pair!(btf_sys_enter, raw_sys_enter, "sys_enter", |c| on_sys_enter(
     c
 ));
-hook_pair!(btf_sys_exit, raw_sys_exit, "sys_exit", |c| on_sys_exit(c));
+#[btf_tracepoint(function = "sys_exit")]
+pub fn btf_sys_exit(ctx: BtfTracePointContext) -> u32 {
+    on_sys_exit(ctx.as_ptr(), Regs::Typed)
+}
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn raw_sys_exit(ctx: RawTracePointContext) -> i32 {
+    on_sys_exit(ctx.as_ptr(), Regs::Untyped) as i32
+}
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -423,26 +423,11 @@ class _Probe:
             except Exception:
                 pass
 
-        def on_return(code, offset, retval):
-            t1 = mono()
-            try:
-                st = lane_of[get_ident()]
-                stack = st[6]
-                while stack:
-                    c, pid, x, t0 = stack.pop()
-                    if c is code:
-                        if x is None:
-                            write(st, pid, 0, t0, t1, None)
-                            if t1 >= probe.next_check:
-                                probe.check_lease(t1)
-                        else:
-                            emit(st, pid, t0, t1, 0, x)
-                        return
-            except Exception:
-                pass
-
-        def on_unwind(code, offset, exception):
-            if code in by_code:
+        def ender(exc):
+            """The PY_RETURN (exc 0) or PY_UNWIND (exc 1) callback: both take (code, offset, value)."""
+            def on_end(code, offset, value):
+                if exc and code not in by_code:
+                    return
                 t1 = mono()
                 try:
                     st = lane_of[get_ident()]
@@ -450,12 +435,18 @@ class _Probe:
                     while stack:
                         c, pid, x, t0 = stack.pop()
                         if c is code:
-                            emit(st, pid, t0, t1, 1, x)
+                            if x is None and not exc:
+                                write(st, pid, 0, t0, t1, None)
+                                if t1 >= probe.next_check:
+                                    probe.check_lease(t1)
+                            else:
+                                emit(st, pid, t0, t1, exc, x)
                             return
                 except Exception:
                     pass
+            return on_end
 
-        return on_start, on_return, on_unwind
+        return on_start, ender(0), ender(1)
 
     def monitor(self, watch):
         mon = sys.monitoring

@@ -205,22 +205,30 @@ fn start_daemon(dir: &std::path::Path, arm: Arm) -> Result<Daemon> {
     Ok(d)
 }
 
+/// `xtask vllm load` of short requests (16 prompt tokens) two at a time, quietly; `how` says
+/// how many or for how long, and how many output tokens.
+fn small_load(how: &[&str]) -> Command {
+    let mut cmd = Command::new(xtask_bin());
+    cmd.args([
+        "vllm",
+        "load",
+        "--concurrency",
+        "2",
+        "--prompt-tokens",
+        "16",
+    ])
+    .args(how)
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    cmd
+}
+
 /// Two short requests: the engine's main thread steps, so a pending attach or detach lands.
 fn nudge() -> Result<()> {
-    let out = Command::new(xtask_bin())
-        .args(["vllm", "load", "--requests", "2", "--concurrency", "2"])
-        .args([
-            "--prompt-tokens",
-            "16",
-            "--output-tokens",
-            "8",
-            "--seed",
-            "1",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()?;
-    if !out.success() {
+    if !small_load(&["--requests", "2", "--output-tokens", "8"])
+        .status()?
+        .success()
+    {
         bail!("a nudge request failed");
     }
     Ok(())
@@ -229,19 +237,7 @@ fn nudge() -> Result<()> {
 /// Stops the daemon while the engine steps, so that its probes' detach lands at once (an idle
 /// engine's main thread waits in a socket, and they would stay until their lease ran out).
 fn stop_daemon(d: Daemon) -> Result<()> {
-    let mut load = Command::new(xtask_bin())
-        .args(["vllm", "load", "--duration", "4", "--concurrency", "2"])
-        .args([
-            "--prompt-tokens",
-            "16",
-            "--output-tokens",
-            "32",
-            "--seed",
-            "2",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
+    let mut load = small_load(&["--duration", "4", "--output-tokens", "32"]).spawn()?;
     std::thread::sleep(Duration::from_millis(500));
     drop(d);
     load.wait()?;

@@ -6,6 +6,10 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        Arc,
+    },
     thread::JoinHandle,
     time::{Duration, Instant},
 };
@@ -26,6 +30,8 @@ pub struct Attacher {
     state_dir: PathBuf,
     attaching: BTreeMap<u32, JoinHandle<Result<Engine>>>,
     retry_at: BTreeMap<u32, Instant>,
+    /// Rung when an attach finishes, so that the loop takes the engine at once.
+    bell: Arc<AtomicU32>,
 }
 
 impl Attacher {
@@ -36,7 +42,14 @@ impl Attacher {
             state_dir: state_dir.to_path_buf(),
             attaching: BTreeMap::new(),
             retry_at: BTreeMap::new(),
+            bell: Arc::default(),
         }
+    }
+
+    /// Changes (and is woken) whenever an attach finishes: a word for the loop's wait
+    /// ([`sys_util::futex::wait_any`]), read before [`Attacher::finished`].
+    pub fn bell(&self) -> &AtomicU32 {
+        &self.bell
     }
 
     /// Whether an attach of `pid` may start now: none is running and no retry is pending.
@@ -48,10 +61,15 @@ impl Attacher {
     /// Starts attaching `pid`, placed by `identity`, on its own thread.
     pub fn start(&mut self, pid: u32, identity: Identity, board: &EngineBoard) {
         let (sentinel, state_dir) = (self.sentinel.clone(), self.state_dir.clone());
+        let bell = self.bell.clone();
         match std::thread::Builder::new()
             .name("stallscope-attach".into())
-            .spawn(move || Engine::attach(pid, identity, &sentinel, &state_dir))
-        {
+            .spawn(move || {
+                let attached = Engine::attach(pid, identity, &sentinel, &state_dir);
+                bell.fetch_add(1, Ordering::Release);
+                sys_util::futex::wake(&bell);
+                attached
+            }) {
             Ok(a) => {
                 self.attaching.insert(pid, a);
             }

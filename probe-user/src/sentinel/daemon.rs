@@ -159,17 +159,19 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
     let mut rescan_at = Instant::now();
     let mut report_at = Instant::now() + cfg.report.interval;
     while !stop.load(Ordering::SeqCst) {
-        if Instant::now() >= rescan_at {
-            daemon.mark.enter(Phase::Rescan);
-            daemon.rescan(&mut plane);
-            rescan_at = Instant::now() + cfg.watch.rescan_interval;
-        }
+        // The engines first: a pass that a doorbell started is there for their verdicts.
+        let attach_seen = daemon.attacher.bell().load(Ordering::Acquire);
         daemon.take_attached();
         daemon.mark.enter(Phase::Sentinel);
         for e in daemon.engines.values_mut() {
             e.tick(&shared, &mut export);
         }
         daemon.reattach_expired();
+        if Instant::now() >= rescan_at {
+            daemon.mark.enter(Phase::Rescan);
+            daemon.rescan(&mut plane);
+            rescan_at = Instant::now() + cfg.watch.rescan_interval;
+        }
         daemon.mark.enter(Phase::DeepDive);
         dives.tick(&mut daemon.engines, &mut plane, &daemon.mark);
         if Instant::now() >= report_at {
@@ -183,8 +185,10 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
             daemon.show_groups(&node);
         }
         daemon.mark.enter(Phase::Idle);
-        // Until an engine's anchor call ends (its doorbell), or the poll period for the rest.
-        let bells: Vec<_> = daemon.engines.values().map(Engine::doorbell).collect();
+        // Until an engine's anchor call ends (its doorbell) or an attach finishes, or the
+        // poll period for the rest.
+        let mut bells: Vec<_> = daemon.engines.values().map(Engine::doorbell).collect();
+        bells.push((daemon.attacher.bell(), attach_seen));
         sys_util::futex::wait_any(&bells, cfg.sentinel.poll_interval);
     }
     dives.stop(&mut daemon.engines, &mut plane, &daemon.mark);
