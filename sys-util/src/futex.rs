@@ -104,6 +104,30 @@ pub fn wake(word: &AtomicU32) -> usize {
     r.max(0) as usize
 }
 
+/// A word one thread of this process rings to end another's [`wait_any`]: read
+/// [`Bell::seen`] before looking at what the bell announces, and wait on
+/// `(bell.word(), seen)`; a ring in between then returns the wait at once.
+#[derive(Debug, Default)]
+pub struct Bell(AtomicU32);
+
+impl Bell {
+    /// Announces a change to whoever waits on the bell, or will.
+    pub fn ring(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Release);
+        wake(&self.0);
+    }
+
+    /// The bell's value now, to pass to [`wait_any`] with [`Bell::word`].
+    pub fn seen(&self) -> u32 {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The word to wait on.
+    pub fn word(&self) -> &AtomicU32 {
+        &self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

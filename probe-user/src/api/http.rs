@@ -340,6 +340,7 @@ async fn alertmanager_webhook(
     };
     match admitted {
         Ok(id) => {
+            app.shared.deep_dive.queued.ring();
             let late_ms =
                 start_at.map(|t| (crate::os::clock::unix_ns() as i64 - t as i64) / 1_000_000);
             match late_ms {
@@ -435,11 +436,14 @@ async fn start_deep_dive(State(app): State<Arc<App>>, headers: HeaderMap, body: 
             true,
         );
     match admitted {
-        Ok(id) => (
-            StatusCode::ACCEPTED,
-            Json(json!({ "id": id, "pid": pid, "status": format!("/api/v1/deep-dives/{id}") })),
-        )
-            .into_response(),
+        Ok(id) => {
+            app.shared.deep_dive.queued.ring();
+            (
+                StatusCode::ACCEPTED,
+                Json(json!({ "id": id, "pid": pid, "status": format!("/api/v1/deep-dives/{id}") })),
+            )
+                .into_response()
+        }
         Err(r) => refuse(StatusCode::TOO_MANY_REQUESTS, r.to_string()),
     }
 }

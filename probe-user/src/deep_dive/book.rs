@@ -6,6 +6,8 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use sys_util::futex::Bell;
+
 use super::{analysis::Reference, registry::Registry};
 
 /// The deep dives' shared state; each part behind its own lock.
@@ -17,6 +19,8 @@ pub struct Book {
     pub capture: Mutex<Option<String>>,
     /// Each engine's latest normal reference, by pid.
     pub references: Mutex<BTreeMap<u32, KeptReference>>,
+    /// Rung when a request is queued, so that the capture loop starts it on time.
+    pub queued: Bell,
 }
 
 /// An engine's latest normal reference, kept for its deep dives' ranking.

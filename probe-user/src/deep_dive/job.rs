@@ -3,13 +3,7 @@
 //! window is over. The same captures, taken while the engine is healthy, make the rolling
 //! normal reference that alert-triggered deep dives are ranked against.
 
-use std::{
-    collections::BTreeMap,
-    io::BufWriter,
-    path::PathBuf,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeMap, io::BufWriter, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use log::{info, warn};
@@ -47,10 +41,11 @@ pub struct Job {
     /// What it is for.
     pub purpose: Purpose,
     running: Running,
-    started: Instant,
-    baseline: Duration,
-    total: Duration,
-    split_ns: Option<u64>,
+    /// Where the deep-dive window opens, monotonic ns: after the normal window, if any,
+    /// from the request's instant (a scheduled one) or from the capture's start.
+    split_ns: u64,
+    /// Where the window closes, monotonic ns.
+    end_ns: u64,
     /// The window is over: the capture's threads are stopping.
     ending: bool,
     /// Stopped early and not wanted any more: nothing is written.
@@ -92,15 +87,25 @@ impl Job {
             gpu: cfg.has("gpu") && !gpu_fed,
             identity,
         };
+        // A request set for an instant is started ahead of it (the scheduler's lead): its
+        // capture's sources are running when the window opens at the instant, and what comes
+        // before it is a lead-in.
+        let ahead_ns = match &purpose {
+            Purpose::DeepDive(Request {
+                start_at_unix_ns: Some(t),
+                ..
+            }) => t.saturating_sub(clock::unix_ns()),
+            _ => 0,
+        };
+        let begin_ns = clock::monotonic_ns() + ahead_ns;
+        let split_ns = begin_ns + baseline.as_nanos() as u64;
         let running = Running::start(opts, plane)?;
         Ok(Job {
             pid,
             purpose,
             running,
-            started: Instant::now(),
-            baseline,
-            total: baseline + duration,
-            split_ns: None,
+            split_ns,
+            end_ns: split_ns + duration.as_nanos() as u64,
             ending: false,
             abandoned: false,
         })
@@ -127,16 +132,17 @@ impl Job {
     /// [`Job::finish`] does not wait then.
     pub fn poll(&mut self, plane: &mut KernelPlane) -> bool {
         if !self.ending {
-            let elapsed = self.started.elapsed();
-            if self.split_ns.is_none() && elapsed >= self.baseline {
-                self.split_ns = Some(clock::monotonic_ns());
-            }
             self.running.poll();
-            if elapsed >= self.total || !procfs::process_exists(self.pid) {
+            if clock::monotonic_ns() >= self.end_ns || !procfs::process_exists(self.pid) {
                 self.end(plane);
             }
         }
         self.ending && self.running.stopped()
+    }
+
+    /// How long until the window is over (zero once it is).
+    pub fn ends_in(&self) -> Duration {
+        Duration::from_nanos(self.end_ns.saturating_sub(clock::monotonic_ns()))
     }
 
     /// Whether the window is over (the capture is stopping or stopped).
@@ -161,7 +167,7 @@ impl Job {
     /// Stops capturing (the kernel plane gets its ring back) and returns what was captured
     /// and where the deep-dive window starts.
     fn stop(self, plane: &mut KernelPlane) -> Result<(Collected, u64)> {
-        let split = self.split_ns.unwrap_or_else(clock::monotonic_ns);
+        let split = self.split_ns;
         Ok((self.running.finish(plane)?, split))
     }
 

@@ -30,6 +30,8 @@ struct DeepDiveReport<'a> {
     identity: &'a pod_identity::Identity,
     trace: String,
     normal_window_ms: f64,
+    /// A scheduled deep dive's capture before its instant.
+    lead_in_ms: f64,
     deep_dive_window_ms: f64,
     first_event_after_trigger_ms: Option<f64>,
     kernel_events: usize,
@@ -68,6 +70,9 @@ pub fn write<W: Write>(
     max_bytes: u64,
 ) -> Result<Written> {
     let split = split.clamp(c.start_ns, c.end_ns);
+    // What comes before the split: the normal window the deep dive is ranked against, or a
+    // scheduled deep dive's lead-in (its sources started ahead of its instant).
+    let lead_in = !matches!(baseline, Some(Baseline::Window(_)));
     let timeline = Timeline::build(c);
     let window;
     let reference = match baseline {
@@ -97,6 +102,7 @@ pub fn write<W: Write>(
                 predicted_us: None,
             })
             .collect();
+    let before_ms = (split - c.start_ns) as f64 / 1e6;
     let mut windows = vec![Window {
         name: "deep dive",
         start: split,
@@ -104,7 +110,11 @@ pub fn write<W: Write>(
     }];
     if split > c.start_ns {
         windows.push(Window {
-            name: "normal reference",
+            name: if lead_in {
+                "lead-in"
+            } else {
+                "normal reference"
+            },
             start: c.start_ns,
             end: split,
         });
@@ -115,7 +125,8 @@ pub fn write<W: Write>(
         pid: c.pid,
         identity: &c.identity,
         trace: trace_path.display().to_string(),
-        normal_window_ms: (split - c.start_ns) as f64 / 1e6,
+        normal_window_ms: if lead_in { 0.0 } else { before_ms },
+        lead_in_ms: if lead_in { before_ms } else { 0.0 },
         deep_dive_window_ms: (c.end_ns - split) as f64 / 1e6,
         first_event_after_trigger_ms: c.first_event_ns().map(|t| (t - c.trigger_ns) as f64 / 1e6),
         kernel_events: c.kernel.len(),

@@ -67,8 +67,8 @@ pub struct Record {
     pub suspects: Vec<SuspectBrief>,
     /// Why it failed.
     pub error: Option<String>,
-    /// The wall-clock instant its capture was to start, ns since the epoch (a serving group's
-    /// nodes share it); None: at once.
+    /// The wall-clock instant its deep-dive window was to open, ns since the epoch (a serving
+    /// group's nodes share it; the capture starts a lead before it); None: at once.
     pub start_at_unix_ns: Option<u64>,
     /// When its capture started, ns since the epoch.
     pub started_unix_ns: Option<u64>,
@@ -209,13 +209,19 @@ impl Registry {
         });
     }
 
-    /// The next queued request whose start is due at `now_unix_ns`, now capturing.
-    pub fn next_request(&mut self, now_unix_ns: u64) -> Option<Request> {
-        let due = self
-            .pending
-            .front()?
-            .start_at_unix_ns
-            .is_none_or(|t| now_unix_ns >= t);
+    /// When the next queued request's capture is to begin, `lead` before its instant, unix ns
+    /// (0: at once); None when none is queued.
+    pub fn next_due_unix_ns(&self, lead: Duration) -> Option<u64> {
+        let lead = lead.as_nanos() as u64;
+        self.pending
+            .front()
+            .map(|r| r.start_at_unix_ns.map_or(0, |t| t.saturating_sub(lead)))
+    }
+
+    /// The next queued request whose capture is due at `now_unix_ns` (`lead` before its
+    /// instant), now capturing.
+    pub fn next_request(&mut self, now_unix_ns: u64, lead: Duration) -> Option<Request> {
+        let due = self.next_due_unix_ns(lead)? <= now_unix_ns;
         if !due {
             return None;
         }
@@ -267,17 +273,17 @@ mod tests {
             r.admit(7, "alert 1".into(), S, S, 2, false),
             Err(Refusal::Busy(a))
         );
-        let req = r.next_request(0).unwrap();
+        let req = r.next_request(0, Duration::ZERO).unwrap();
         assert_eq!((req.id, req.pid, req.baseline), (a, 7, S));
         assert_eq!(r.get(a).unwrap().state, Phase::Capturing);
-        assert!(r.next_request(0).is_none());
+        assert!(r.next_request(0, Duration::ZERO).is_none());
         r.update(a, |x| x.state = Phase::Writing);
         let b = r
             .admit(7, "alert 1".into(), S, Duration::ZERO, 2, false)
             .unwrap();
         assert_eq!(r.get(b).unwrap().state, Phase::Capturing);
         assert!(
-            r.next_request(0).is_none(),
+            r.next_request(0, Duration::ZERO).is_none(),
             "an alert's deep dive is not queued"
         );
         r.fail(b, "engine exited".into());
@@ -289,7 +295,8 @@ mod tests {
         assert_eq!(r.get(b).unwrap().error.as_deref(), Some("engine exited"));
     }
 
-    /// A request given a start instant waits for it, then records when it began.
+    /// A request given a start instant waits for its lead before it, then records when its
+    /// capture began.
     #[test]
     fn a_scheduled_request_waits_for_its_instant() {
         let mut r = Registry::default();
@@ -297,14 +304,16 @@ mod tests {
             .admit(7, "alertmanager".into(), S, Duration::ZERO, 6, true)
             .unwrap();
         r.for_group(a, "g", Some(5_000));
-        assert!(r.next_request(4_999).is_none());
+        let lead = Duration::from_nanos(1_000);
+        assert_eq!(r.next_due_unix_ns(lead), Some(4_000));
+        assert!(r.next_request(3_999, lead).is_none());
         assert_eq!(r.get(a).unwrap().state, Phase::Queued);
-        let req = r.next_request(5_002).unwrap();
+        let req = r.next_request(4_002, lead).unwrap();
         assert_eq!(req.start_at_unix_ns, Some(5_000));
         let rec = r.get(a).unwrap();
         assert_eq!(
             (rec.state, rec.start_at_unix_ns, rec.started_unix_ns),
-            (Phase::Capturing, Some(5_000), Some(5_002))
+            (Phase::Capturing, Some(5_000), Some(4_002))
         );
         assert_eq!(rec.group.as_deref(), Some("g"));
     }

@@ -6,10 +6,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicU32, Ordering},
-        Arc,
-    },
+    sync::Arc,
     thread::JoinHandle,
     time::{Duration, Instant},
 };
@@ -17,6 +14,7 @@ use std::{
 use anyhow::Result;
 use log::warn;
 use pod_identity::Identity;
+use sys_util::futex::Bell;
 
 use super::engine::Engine;
 use crate::{api::board::EngineBoard, config::SentinelConfig};
@@ -31,7 +29,7 @@ pub struct Attacher {
     attaching: BTreeMap<u32, JoinHandle<Result<Engine>>>,
     retry_at: BTreeMap<u32, Instant>,
     /// Rung when an attach finishes, so that the loop takes the engine at once.
-    bell: Arc<AtomicU32>,
+    bell: Arc<Bell>,
 }
 
 impl Attacher {
@@ -46,9 +44,9 @@ impl Attacher {
         }
     }
 
-    /// Changes (and is woken) whenever an attach finishes: a word for the loop's wait
-    /// ([`sys_util::futex::wait_any`]), read before [`Attacher::finished`].
-    pub fn bell(&self) -> &AtomicU32 {
+    /// Rung whenever an attach finishes: for the loop's wait, seen before
+    /// [`Attacher::finished`].
+    pub fn bell(&self) -> &Bell {
         &self.bell
     }
 
@@ -66,8 +64,7 @@ impl Attacher {
             .name("stallscope-attach".into())
             .spawn(move || {
                 let attached = Engine::attach(pid, identity, &sentinel, &state_dir);
-                bell.fetch_add(1, Ordering::Release);
-                sys_util::futex::wake(&bell);
+                bell.ring();
                 attached
             }) {
             Ok(a) => {

@@ -28,6 +28,12 @@ use crate::{
     os::clock,
 };
 
+/// A deep dive set for an instant (a serving group's) starts its capture this long before
+/// it, so that its window opens at the instant with every source running: starting them
+/// (the kernel's events, the stack sampler, the GPU agent) takes milliseconds to tens of
+/// milliseconds, more on a node whose CPUs the engine saturates.
+const LEAD: Duration = Duration::from_millis(250);
+
 /// The engines the daemon serves, by pid.
 pub type Engines = BTreeMap<u32, Engine>;
 
@@ -140,7 +146,7 @@ impl<'a> Dives<'a> {
                 .registry
                 .lock()
                 .expect("registry")
-                .next_request(clock::unix_ns());
+                .next_request(clock::unix_ns(), LEAD);
             if let Some(req) = next {
                 let pid = req.pid;
                 self.start(Purpose::DeepDive(req), pid, engines, plane, mark);
@@ -158,6 +164,25 @@ impl<'a> Dives<'a> {
             if let Some((&pid, _)) = due {
                 self.reference_at.insert(pid, Instant::now());
                 self.start(Purpose::Reference, pid, engines, plane, mark);
+            }
+        }
+    }
+
+    /// How long until the scheduler has something due at a set time: the capture in
+    /// progress ends its window, or the next queued request may start (zero: now). None when
+    /// nothing is, or when a stopping capture holds the queue back (it is polled).
+    pub fn next_due_in(&self) -> Option<Duration> {
+        match &self.job {
+            Some(job) if job.ending() => None,
+            Some(job) => Some(job.ends_in()),
+            None => {
+                let due = self
+                    .book
+                    .registry
+                    .lock()
+                    .expect("registry")
+                    .next_due_unix_ns(LEAD)?;
+                Some(Duration::from_nanos(due.saturating_sub(clock::unix_ns())))
             }
         }
     }

@@ -143,8 +143,9 @@ impl Engine {
         (self.session.doorbell(), self.bell_seen)
     }
 
-    /// Drains the probe ring and runs every new iteration through the sentinel.
-    pub fn tick(&mut self, shared: &Shared, export: &mut Option<IterationCsv>) {
+    /// Drains the probe ring and runs every new iteration through the sentinel. Returns how
+    /// many iterations ended.
+    pub fn tick(&mut self, shared: &Shared, export: &mut Option<IterationCsv>) -> usize {
         self.bell_seen = self
             .session
             .doorbell()
@@ -152,6 +153,7 @@ impl Engine {
         self.records.clear();
         self.session.drain(&mut self.records);
         let records = std::mem::take(&mut self.records);
+        let mut ended = 0;
         for r in &records {
             let call = self.session.call(r);
             if let Some(tap) = &mut self.tap {
@@ -159,6 +161,7 @@ impl Engine {
             }
             if let Some(it) = self.anchor.push(call) {
                 self.handle(&it, shared, export);
+                ended += 1;
             }
         }
         self.records = records;
@@ -188,6 +191,7 @@ impl Engine {
         if self.status_at.elapsed() >= STATUS_PERIOD {
             self.publish_status(shared);
         }
+        ended
     }
 
     fn handle(&mut self, it: &Iteration, shared: &Shared, export: &mut Option<IterationCsv>) {
