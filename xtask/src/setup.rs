@@ -41,6 +41,7 @@ pub fn run() -> Result<()> {
     tool_venv("perfetto-venv", &PERFETTO)?;
     tool_venv("deploy-venv", &DEPLOY)?;
     tool_venv("s3-venv", &S3)?;
+    tool_venv("litserve-venv", &LITSERVE)?;
     crate::cargo(&[
         "build",
         "--release",
@@ -303,6 +304,10 @@ const DEPLOY: [&str; 2] = ["helm-python-sdk==0.2.2", "kubernetes-validate==1.37.
 
 /// A real S3 server for the fleet test's shared store: moto in server mode.
 const S3: [&str; 1] = ["moto[server]==5.2.5"];
+
+/// A third-party serving loop with no stallscope profile (tests/third_party.rs): LitServe, on
+/// CPU, without torch.
+const LITSERVE: [&str; 1] = ["litserve==0.2.19"];
 
 /// A venv of `packages` at `<cache>/<name>`, rebuilt only when its recipe changes.
 fn tool_venv(name: &str, packages: &[&str]) -> Result<()> {
