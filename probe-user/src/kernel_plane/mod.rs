@@ -7,11 +7,15 @@
 //! of a watched process from its threads as they run, so a thread is accounted from its first
 //! switch after the watch began, and one that never runs is not listed.
 
-use std::{collections::HashMap as StdHashMap, os::fd::OwnedFd, time::Duration};
+use std::{
+    collections::HashMap as StdHashMap,
+    os::fd::{AsFd, OwnedFd},
+    time::Duration,
+};
 
 use anyhow::{anyhow, Context, Result};
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, RawTracePoint},
     Btf, Ebpf, EbpfLoader, Endianness,
 };
@@ -109,7 +113,10 @@ pub struct KernelPlane {
     threads: HashMap<MapData, u32, ThreadStats>,
     syscalls: HashMap<MapData, SyscallKey, SyscallStats>,
     lost: PerCpuArray<MapData, u64>,
-    ring: Option<RingBuf<MapData>>,
+    /// The deep-dive event ring, mapped only while a capture holds it ([`KernelPlane::take_ring`]).
+    events: MapData,
+    /// Whether a capture holds the ring.
+    ring_out: bool,
     config: Config,
     hooks: Vec<Hook>,
     run_stats: Option<OwnedFd>,
@@ -137,7 +144,10 @@ impl KernelPlane {
         let threads = HashMap::try_from(take(map::THREAD_STATS)?)?;
         let syscalls = HashMap::try_from(take(map::SYSCALL_STATS)?)?;
         let lost = PerCpuArray::try_from(take(map::LOST)?)?;
-        let ring = RingBuf::try_from(take(map::EVENTS)?)?;
+        let events = match take(map::EVENTS)? {
+            Map::RingBuf(m) => m,
+            _ => return Err(anyhow!("eBPF map {} is not a ring buffer", map::EVENTS)),
+        };
 
         let view = pidns::own_unless_host().context("reading /proc/self/ns/pid")?;
         if let Some(ns) = view {
@@ -182,7 +192,8 @@ impl KernelPlane {
             threads,
             syscalls,
             lost,
-            ring: Some(ring),
+            events,
+            ring_out: false,
             config,
             hooks,
             run_stats: None,
@@ -331,14 +342,40 @@ impl KernelPlane {
         }
     }
 
-    /// Hands out the deep-dive ring (once).
+    /// Hands out the deep-dive ring, mapped into this process for the capture (one at a
+    /// time: None while another capture holds it, or if it cannot be mapped, said in the log).
+    /// Outside captures the ring is not mapped: its pages (EVENT_RING_BYTES, every one of them
+    /// touched by the first capture) would otherwise count in the daemon's RSS for good. The
+    /// ring's read position lives in the map's consumer page, so a new mapping reads on where
+    /// the last one stopped.
     pub fn take_ring(&mut self) -> Option<RingBuf<MapData>> {
-        self.ring.take()
+        if self.ring_out {
+            return None;
+        }
+        let mapped = self
+            .events
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(anyhow::Error::from)
+            .and_then(|fd| Ok(MapData::from_fd(fd)?))
+            .and_then(|m| Ok(RingBuf::try_from(Map::RingBuf(m))?));
+        match mapped {
+            Ok(ring) => {
+                self.ring_out = true;
+                Some(ring)
+            }
+            Err(e) => {
+                warn!("cannot map the kernel plane's event ring: {e:#}");
+                None
+            }
+        }
     }
 
-    /// Takes the deep-dive ring back after a capture, for the next one.
+    /// Takes the deep-dive ring back after a capture and unmaps it, for the next one.
     pub fn return_ring(&mut self, ring: RingBuf<MapData>) {
-        self.ring = Some(ring);
+        drop(ring);
+        self.ring_out = false;
     }
 
     /// Whether `pid` is being accounted.
