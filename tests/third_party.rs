@@ -79,7 +79,7 @@ fn a_litserve_worker_watched_only_by_specs_gets_its_anchor_baseline_and_an_alert
     pin_this_process_to_cpu0();
     let load = Load::start(port);
     let daemon_port = free_port();
-    let d = Daemon::start_with(&dir, daemon_port, config(&dir, worker, daemon_port));
+    let mut d = Daemon::start_with(&dir, daemon_port, config(&dir, worker, daemon_port));
     d.wait_for("the discovered anchor", Duration::from_secs(60), |d| {
         d.engine().is_some_and(|e| e["anchor"].is_string())
     });
@@ -136,7 +136,9 @@ fn a_litserve_worker_watched_only_by_specs_gets_its_anchor_baseline_and_an_alert
     );
 
     // Every iteration's workload came from predict's arguments: its batch of 1-4 requests and
-    // their tokens.
+    // their tokens. The export is flushed once a second, and at the daemon's exit.
+    let status = d.stop();
+    assert!(status.success(), "the daemon exited with {status}");
     let csv = std::fs::read_to_string(dir.join("iterations.csv")).unwrap();
     let rows: Vec<Vec<&str>> = csv
         .lines()
@@ -206,17 +208,8 @@ fn inference_worker(server: u32) -> u32 {
         "LitServe's inference worker",
         Duration::from_secs(30),
         || {
-            found = std::fs::read_dir("/proc").unwrap().flatten().find_map(|p| {
-                let pid: u32 = p.file_name().to_str()?.parse().ok()?;
-                let stat = std::fs::read_to_string(p.path().join("stat")).ok()?;
-                let ppid: u32 = stat
-                    .rsplit(')')
-                    .next()?
-                    .split_whitespace()
-                    .nth(1)?
-                    .parse()
-                    .ok()?;
-                let cmdline = std::fs::read(p.path().join("cmdline")).ok()?;
+            found = parents().into_iter().find_map(|(pid, ppid)| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
                 (ppid == server && String::from_utf8_lossy(&cmdline).contains("spawn_main"))
                     .then_some(pid)
             });
@@ -226,14 +219,15 @@ fn inference_worker(server: u32) -> u32 {
     found.unwrap()
 }
 
-/// `root` and its descendants.
-fn process_tree(root: u32) -> Vec<u32> {
-    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+/// Every process and its parent.
+fn parents() -> Vec<(u32, u32)> {
+    std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|p| {
             let pid: u32 = p.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(p.path().join("stat")).ok()?;
+            // The command name in parentheses may hold spaces: the fields after it.
             let ppid = stat
                 .rsplit(')')
                 .next()?
@@ -243,7 +237,12 @@ fn process_tree(root: u32) -> Vec<u32> {
                 .ok()?;
             Some((pid, ppid))
         })
-        .collect();
+        .collect()
+}
+
+/// `root` and its descendants.
+fn process_tree(root: u32) -> Vec<u32> {
+    let parents = parents();
     let mut tree = vec![root];
     let mut i = 0;
     while i < tree.len() {
