@@ -42,14 +42,19 @@ impl CallStats {
 
 /// Picks the anchor: among functions called at least `min_calls` times with a mean
 /// duration of at least `min_mean_ns` (an iteration runs a model forward, not a helper) and a
-/// duration no more variable than [`MAX_CV`], the one with the most calls per unit of
+/// coefficient of variation of at most `max_cv`, the one with the most calls per unit of
 /// variability, `calls / (1 + cv)`. Returns its index in `candidates`.
-pub fn discover(candidates: &[CallStats], min_calls: u64, min_mean_ns: f64) -> Option<usize> {
+pub fn discover(
+    candidates: &[CallStats],
+    min_calls: u64,
+    min_mean_ns: f64,
+    max_cv: f64,
+) -> Option<usize> {
     candidates
         .iter()
         .enumerate()
         .filter(|(_, c)| {
-            c.calls >= min_calls && c.mean_ns >= min_mean_ns && c.cv.is_finite() && c.cv <= MAX_CV
+            c.calls >= min_calls && c.mean_ns >= min_mean_ns && c.cv.is_finite() && c.cv <= max_cv
         })
         .max_by(|(_, a), (_, b)| {
             let sa = a.calls as f64 / (1.0 + a.cv);
@@ -59,9 +64,9 @@ pub fn discover(candidates: &[CallStats], min_calls: u64, min_mean_ns: f64) -> O
         .map(|(i, _)| i)
 }
 
-/// The most variable duration (coefficient of variation) an anchor may have. An iteration's
-/// duration follows its workload; a call whose spread exceeds its mean waits on something
-/// else (a queue, a pipe, a lock). Per-request calls of a batching server outnumber its
+/// The most variable duration (coefficient of variation) an anchor of a healthy engine may
+/// have. An iteration's duration follows its workload; a call whose spread exceeds its mean
+/// waits on something else (a queue, a pipe, a lock). Per-request calls of a batching server outnumber its
 /// per-batch forward pass: LitServe's `put_response` (a pipe write per request, cv 1.33) was
 /// called 5 times as often as `predict` (cv 0.35) and won on calls alone.
 pub const MAX_CV: f64 = 1.0;
@@ -75,12 +80,13 @@ pub const MIN_MEAN_NS: f64 = 5e5;
 /// (ns), in the order given: the chosen function's statistics.
 pub fn discover_in<'a>(
     durations: impl IntoIterator<Item = (&'a str, &'a [u64])>,
+    max_cv: f64,
 ) -> Option<CallStats> {
     let mut stats: Vec<CallStats> = durations
         .into_iter()
         .map(|(f, d)| CallStats::from_durations(f, d))
         .collect();
-    discover(&stats, MIN_CALLS, MIN_MEAN_NS).map(|i| stats.swap_remove(i))
+    discover(&stats, MIN_CALLS, MIN_MEAN_NS, max_cv).map(|i| stats.swap_remove(i))
 }
 
 #[cfg(test)]
@@ -98,25 +104,31 @@ mod tests {
         // Stable but rare (startup).
         let load = CallStats::from_durations("m:load", &[900_000_000; 2]);
         let all = [handler, helper, step, load];
-        assert_eq!(discover(&all, 20, 1_000_000.0), Some(2));
-        assert_eq!(discover(&all[..1], 200, 1_000_000.0), None);
+        assert_eq!(discover(&all, 20, 1_000_000.0, MAX_CV), Some(2));
+        assert_eq!(discover(&all[..1], 200, 1_000_000.0, MAX_CV), None);
         // The same choice from raw durations with the default thresholds.
         let erratic_ref = &erratic[..];
-        let found = discover_in([
-            ("m:handle", erratic_ref),
-            ("m:helper", &[2_000; 1000][..]),
-            ("m:step", &[30_000_000; 100][..]),
-            ("m:load", &[900_000_000; 2][..]),
-        ]);
+        let found = discover_in(
+            [
+                ("m:handle", erratic_ref),
+                ("m:helper", &[2_000; 1000][..]),
+                ("m:step", &[30_000_000; 100][..]),
+                ("m:load", &[900_000_000; 2][..]),
+            ],
+            MAX_CV,
+        );
         assert_eq!(found.map(|s| s.func), Some("m:step".to_string()));
-        assert!(discover_in([("m:helper", &[2_000; 1000][..])]).is_none());
+        assert!(discover_in([("m:helper", &[2_000; 1000][..])], MAX_CV).is_none());
         // A per-request call of a batching server: five times as frequent as its forward
         // pass and long enough, but erratic (it waits on a pipe).
         let piped: Vec<u64> = (0..5_000)
             .map(|i| if i % 5 == 0 { 2_500_000 } else { 100_000 })
             .collect();
         let forward: Vec<u64> = (0..1_000).map(|i| 3_000_000 + (i % 7) * 300_000).collect();
-        let found = discover_in([("m:put_response", &piped[..]), ("m:predict", &forward[..])]);
+        let found = discover_in(
+            [("m:put_response", &piped[..]), ("m:predict", &forward[..])],
+            MAX_CV,
+        );
         assert_eq!(found.map(|s| s.func), Some("m:predict".to_string()));
     }
 }

@@ -8,7 +8,10 @@ use std::{
 };
 
 use log::info;
-use model::{anchor::discover_in, Iteration};
+use model::{
+    anchor::{discover_in, MAX_CV},
+    Iteration,
+};
 use pyframe_tracer::{profiles::IterationFields, Call};
 
 use super::iterations::Assembler;
@@ -83,7 +86,7 @@ impl Anchor {
         if since.elapsed() < DISCOVERY_WINDOW {
             return;
         }
-        let found = discover_in(seen.iter().map(|(f, d)| (f.as_str(), d.as_slice())));
+        let found = discover_in(seen.iter().map(|(f, d)| (f.as_str(), d.as_slice())), MAX_CV);
         let fields = std::mem::take(fields);
         *self = match found {
             Some(s) => {
