@@ -118,6 +118,18 @@ fn probe_run_and_deep_dive_work_with_capabilities_alone() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+    // Without CAP_SYS_NICE the verdicts run at the normal policy, said once.
+    assert!(
+        http_get(port, "/metrics").contains("\nstallscope_verdict_realtime 0\n"),
+        "the daemon as nobody claims real-time verdicts"
+    );
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(
+        said.matches("the loop thread keeps the normal scheduling policy")
+            .count(),
+        1,
+        "{said}"
+    );
     // SAFETY: kill(2) on our child (setpriv execs stallscope in place).
     unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
     let status = daemon.child().wait().unwrap();

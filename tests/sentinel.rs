@@ -51,6 +51,29 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
     });
     let e = d.engine().unwrap();
     assert!(e["model_samples"].as_u64().unwrap() >= 300, "{e}");
+    // As root the loop thread waits for verdicts at SCHED_FIFO, and says so.
+    let metrics = http_get(d.port, "/metrics");
+    assert!(
+        metrics.contains("\nstallscope_verdict_realtime 1\n"),
+        "{metrics}"
+    );
+    let policies: Vec<u32> = (0..20)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(5));
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", d.pid())).unwrap();
+            // The fields after the command's closing parenthesis start at the third; the
+            // policy is the 41st.
+            let rest = &stat[stat.rfind(')').unwrap() + 2..];
+            rest.split(' ').nth(41 - 3).unwrap().parse().unwrap()
+        })
+        .collect();
+    assert!(
+        policies.contains(&(libc::SCHED_FIFO as u32)),
+        "the loop thread never read SCHED_FIFO in 20 looks: {policies:?}"
+    );
+    // Outside deep dives only the four scheduler hooks are attached: the syscall hooks,
+    // which every syscall on the node would run, attach for deep dives.
+    assert_eq!(bpf_links(d.pid()), 4, "links held by the daemon");
     let ucl = e["ucl"].as_f64().unwrap();
     assert!(ucl > 0.0 && ucl <= 0.5, "{e}");
     for attempt in 1.. {
@@ -163,8 +186,17 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
         "{dive}"
     );
     let trace = PathBuf::from(dive["trace"].as_str().unwrap());
-    read::decode(&std::fs::read(&trace).unwrap()).unwrap_or_else(|e| panic!("invalid trace:\n{e}"));
+    let decoded = read::decode(&std::fs::read(&trace).unwrap())
+        .unwrap_or_else(|e| panic!("invalid trace:\n{e}"));
     python_check(&trace);
+    // The capture attached the syscall hooks: the engine's syscalls are in the trace.
+    let syscall_slices = decoded
+        .slices
+        .iter()
+        .filter(|s| decoded.tracks[&s.track].name.ends_with(" syscalls"))
+        .count();
+    assert!(syscall_slices > 10, "{syscall_slices} syscall slices");
+    assert_eq!(bpf_links(d.pid()), 4, "links held after the deep dive");
     let report: Value =
         serde_json::from_slice(&std::fs::read(dive["report"].as_str().unwrap()).unwrap()).unwrap();
     assert!(
@@ -702,4 +734,13 @@ fn replay_runs_the_sentinel_over_a_recorded_vllm_run() {
             .arg(dir.join("no-ts.csv")),
     );
     assert!(e.contains("start_ts"), "{e}");
+}
+
+/// How many BPF links process `pid` holds (its fds whose fdinfo names a link type).
+fn bpf_links(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .filter(|info| info.contains("link_type:"))
+        .count()
 }

@@ -92,6 +92,10 @@ pub struct Config {
     /// their threads' time in them still counts as running or runnable. Deep dives stream them
     /// all (the timeline tells a yield from a preemption by them).
     pub unaccounted: [u64; UNACCOUNTED_WORDS],
+    /// A syscall exit whose entry was seen before this (ns, CLOCK_MONOTONIC) is not accounted:
+    /// the daemon attaches the syscall hooks for deep dives only, so a thread's last seen
+    /// entry may belong to a syscall whose exit fell while they were detached.
+    pub syscalls_since_ns: u64,
 }
 
 /// Words of [`Config::unaccounted`].

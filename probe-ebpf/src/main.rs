@@ -446,6 +446,10 @@ fn on_sys_exit(ctx: *mut core::ffi::c_void, regs: Regs) -> u32 {
     if nr == NO_SYSCALL {
         return 0;
     }
+    if s.sys_enter_ns < cfg.syscalls_since_ns {
+        s.sys_nr = NO_SYSCALL;
+        return 0;
+    }
     let now = now_ns();
     let ret = arg(ctx, 1) as i64;
     let id = view_tid(cfg, tid, s.view_tid);

@@ -434,6 +434,11 @@ pub struct SentinelConfig {
     /// Ring drain period when no doorbell rings (an anchor call's end wakes the daemon at once).
     #[serde(with = "duration_text")]
     pub poll_interval: Duration,
+    /// SCHED_FIFO priority of the daemon's loop thread from its wait through the verdicts
+    /// (1–99; 0 keeps the normal policy; absent: 1): a verdict then does not wait behind the
+    /// engine's threads for a CPU.
+    #[serde(default = "verdict_priority")]
+    pub verdict_priority: u8,
     /// The probes in an engine remove themselves when stallscope has not renewed their lease
     /// for this long (stallscope was killed); the daemon then attaches them again if it is
     /// still there (absent: 30 s).
@@ -492,6 +497,10 @@ fn one() -> f64 {
 
 fn recalibrate_max() -> f64 {
     0.2
+}
+
+fn verdict_priority() -> u8 {
+    1
 }
 
 fn probe_lease() -> Duration {
@@ -608,6 +617,12 @@ impl Config {
         }
         if s.poll_interval.is_zero() {
             bail!("sentinel.poll_interval must be above zero (such as \"1ms\")");
+        }
+        if s.verdict_priority > 99 {
+            bail!(
+                "sentinel.verdict_priority must be between 0 and 99 (SCHED_FIFO priorities; 1 is enough, 0 keeps the normal policy), not {}",
+                s.verdict_priority
+            );
         }
         if s.probe_lease < Duration::from_secs(1) {
             bail!("sentinel.probe_lease must be at least 1s (such as \"30s\"): the probes check it once a second");

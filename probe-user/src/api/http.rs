@@ -73,12 +73,11 @@ pub fn serve(
         let mut sigterm = signal(SignalKind::terminate())?;
         let app = router(shared, loopback, deep_dive, fleet);
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        let stop_http = stop.clone();
+        // The signals are the only way to stop: the loop stops on the flag this thread sets.
         server::serve(listener, app, refused, async move {
             tokio::select! {
                 _ = sigint.recv() => log::info!("SIGINT: stopping"),
                 _ = sigterm.recv() => log::info!("SIGTERM: stopping"),
-                _ = wait_for(stop_http) => {}
             }
         })
         .await;
@@ -117,12 +116,6 @@ pub fn router(
 }
 
 /// Resolves once `flag` is set (the sentinel loop stopping on its own).
-async fn wait_for(flag: Arc<AtomicBool>) {
-    while !flag.load(Ordering::SeqCst) {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-}
-
 async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     (
         [(

@@ -93,6 +93,8 @@ pub struct Metrics {
     pub engines: IntGaugeVec,
     /// From a modelled iteration's end to its verdict (alert or not).
     pub verdict_latency: prometheus::Histogram,
+    /// 1 when the loop thread waits for verdicts at a real-time priority.
+    pub verdict_realtime: prometheus::IntGauge,
     /// GPU busy time inside each iteration (GPU plane).
     pub gpu_busy: HistogramVec,
     /// Share of each iteration in which the GPU ran nothing.
@@ -182,6 +184,7 @@ impl Metrics {
                 )
                 .unwrap(),
             ),
+            verdict_realtime: reg(r, prometheus::IntGauge::with_opts(opts("verdict_realtime", "1 when the daemon's loop thread waits for and makes verdicts at SCHED_FIFO ([sentinel] verdict_priority), 0 at the normal policy")).unwrap()),
             gpu_busy: reg(
                 r,
                 HistogramVec::new(

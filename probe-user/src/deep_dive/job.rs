@@ -231,6 +231,8 @@ impl Job {
                         }
                     }
                 }
+                drop(collected);
+                crate::os::memory::release_free_heap();
             });
         match spawned {
             Ok(h) => Some(h),

@@ -63,7 +63,7 @@ pub fn window(
     pid: u32,
     a: &Snapshot,
     b: &Snapshot,
-    comm: impl Fn(u32, &ThreadStats) -> String,
+    mut comm: impl FnMut(u32, &ThreadStats) -> String,
 ) -> Vec<ThreadReport> {
     let zero = ThreadStats::default();
     let mut out: Vec<ThreadReport> = b

@@ -16,7 +16,10 @@ use std::{
 use anyhow::{anyhow, Context, Result};
 use aya::{
     maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, RawTracePoint},
+    programs::{
+        raw_trace_point::RawTracePointLinkId, tp_btf::BtfTracePointLinkId, BtfTracePoint,
+        RawTracePoint,
+    },
     Btf, Ebpf, EbpfLoader, Endianness,
 };
 use log::{info, warn};
@@ -119,7 +122,17 @@ pub struct KernelPlane {
     ring_out: bool,
     config: Config,
     hooks: Vec<Hook>,
+    /// The syscall hooks' links while they are attached.
+    syscall_links: Vec<SyscallLink>,
+    /// Whether the syscall hooks stay attached outside deep dives.
+    syscalls_always: bool,
     run_stats: Option<OwnedFd>,
+}
+
+/// An attached syscall hook: its program and link.
+enum SyscallLink {
+    Btf(&'static str, BtfTracePointLinkId),
+    Raw(&'static str, RawTracePointLinkId),
 }
 
 impl KernelPlane {
@@ -173,12 +186,13 @@ impl KernelPlane {
             learn: 0,
             regs_nr_off: offsets.regs_nr.unwrap_or(0),
             unaccounted: unaccounted(UNACCOUNTED_SYSCALLS),
+            syscalls_since_ns: 0,
         };
         config_map
             .set(0, config, 0)
             .context("writing the probe configuration")?;
 
-        let hooks = attach_all(&mut ebpf, &btf, features)?;
+        let (hooks, syscall_links) = attach_all(&mut ebpf, &btf, features)?;
         let kinds: Vec<String> = hooks
             .iter()
             .map(|h| format!("{}:{:?}", h.tracepoint, h.kind))
@@ -196,6 +210,8 @@ impl KernelPlane {
             ring_out: false,
             config,
             hooks,
+            syscall_links,
+            syscalls_always: true,
             run_stats: None,
         })
     }
@@ -268,6 +284,9 @@ impl KernelPlane {
 
     /// Removes the accumulators of these threads (e.g. exited ones already reported).
     pub fn forget_threads(&mut self, tids: &[u32]) {
+        if tids.is_empty() {
+            return;
+        }
         let tids = self.kernel_tids(|s| s.view_tid != 0 && tids.contains(&s.view_tid));
         self.forget_kernel_tids(&tids);
     }
@@ -284,6 +303,10 @@ impl KernelPlane {
 
     /// Removes the accumulators of threads by their kernel ids.
     fn forget_kernel_tids(&mut self, tids: &[u32]) {
+        // Finding the syscall keys walks the whole map (two syscalls per key).
+        if tids.is_empty() {
+            return;
+        }
         for tid in tids {
             let _ = self.threads.remove(tid);
         }
@@ -298,10 +321,78 @@ impl KernelPlane {
         }
     }
 
-    /// Switches the raw event stream on or off.
+    /// Switches the raw event stream on or off (and, after
+    /// [`KernelPlane::syscalls_in_deep_dives_only`], the syscall hooks with it).
     pub fn set_deep_dive(&mut self, on: bool) -> Result<()> {
-        self.config.deep_dive = u32::from(on);
-        self.write_config("switching deep-dive mode")
+        if self.syscalls_always {
+            self.config.deep_dive = u32::from(on);
+            return self.write_config("switching deep-dive mode");
+        }
+        if on {
+            self.config.syscalls_since_ns = clock::monotonic_ns();
+            self.config.deep_dive = 1;
+            self.write_config("switching deep-dive mode")?;
+            self.attach_syscalls()
+        } else {
+            self.detach_syscalls()?;
+            self.config.deep_dive = 0;
+            self.write_config("switching deep-dive mode")
+        }
+    }
+
+    /// Detaches the syscall hooks until a deep dive, and from then on attaches them for deep
+    /// dives only. For the daemon: it reads no syscall accumulators (a deep dive streams its
+    /// syscalls), while every syscall on the node, of any process, runs the hooks while they
+    /// are attached (108-126 ns each for processes nobody watches, BENCHMARKS.md).
+    pub fn syscalls_in_deep_dives_only(&mut self) -> Result<()> {
+        self.syscalls_always = false;
+        if self.config.deep_dive == 0 {
+            self.detach_syscalls()?;
+        }
+        Ok(())
+    }
+
+    /// Whether the syscall hooks are attached now.
+    pub fn syscalls_attached(&self) -> bool {
+        !self.syscall_links.is_empty()
+    }
+
+    fn attach_syscalls(&mut self) -> Result<()> {
+        if self.syscalls_attached() {
+            return Ok(());
+        }
+        for h in self.hooks.iter().filter(|h| is_syscall_hook(h.tracepoint)) {
+            let program = program(&mut self.ebpf, h.program)?;
+            let link = match h.kind {
+                AttachKind::TpBtf => {
+                    let p: &mut BtfTracePoint = program.try_into()?;
+                    SyscallLink::Btf(h.program, p.attach()?)
+                }
+                AttachKind::RawTracepoint => {
+                    let p: &mut RawTracePoint = program.try_into()?;
+                    SyscallLink::Raw(h.program, p.attach(h.tracepoint)?)
+                }
+            };
+            self.syscall_links.push(link);
+        }
+        Ok(())
+    }
+
+    fn detach_syscalls(&mut self) -> Result<()> {
+        for link in std::mem::take(&mut self.syscall_links) {
+            let (name, detached) = match link {
+                SyscallLink::Btf(name, id) => {
+                    let p: &mut BtfTracePoint = program(&mut self.ebpf, name)?.try_into()?;
+                    (name, p.detach(id))
+                }
+                SyscallLink::Raw(name, id) => {
+                    let p: &mut RawTracePoint = program(&mut self.ebpf, name)?.try_into()?;
+                    (name, p.detach(id))
+                }
+            };
+            detached.with_context(|| format!("detaching {name}"))?;
+        }
+        Ok(())
     }
 
     /// Writes `self.config` to the probes; `what` names the change in an error.
@@ -395,6 +486,23 @@ impl KernelPlane {
     /// Reads every accumulator now, by the daemon's ids (`ThreadStats::tgid` too). Threads
     /// whose id the daemon has not learned yet are left out.
     pub fn snapshot(&mut self) -> Snapshot {
+        let (mut snap, view_of) = self.read_threads();
+        for (k, v) in self.syscalls.iter().filter_map(|r| r.ok()) {
+            if let Some(&tid) = view_of.get(&k.tid) {
+                snap.syscalls.insert((tid, k.nr), v);
+            }
+        }
+        snap
+    }
+
+    /// [`KernelPlane::snapshot`] without the syscall accumulators (`syscalls` stays empty):
+    /// reading them takes two map syscalls per (thread, syscall) pair.
+    pub fn snapshot_threads(&mut self) -> Snapshot {
+        self.read_threads().0
+    }
+
+    /// The threads' accumulators, and each kernel thread id's id in the daemon's view.
+    fn read_threads(&mut self) -> (Snapshot, StdHashMap<u32, u32>) {
         self.settle_learning();
         let mut snap = Snapshot::default();
         let mut view_of = StdHashMap::new();
@@ -415,14 +523,9 @@ impl KernelPlane {
             }
             snap.threads.insert(s.view_tid, s);
         }
-        for (k, v) in self.syscalls.iter().filter_map(|r| r.ok()) {
-            if let Some(&tid) = view_of.get(&k.tid) {
-                snap.syscalls.insert((tid, k.nr), v);
-            }
-        }
         snap.lost_events = self.lost_events();
         snap.taken_ns = clock::monotonic_ns();
-        snap
+        (snap, view_of)
     }
 
     /// Turns on the kernel's per-program run-time statistics (BPF_ENABLE_STATS) while
@@ -457,8 +560,13 @@ impl KernelPlane {
 
 /// Attaches every hook: tp_btf when the kernel takes it (and `--hooks` allows it), else the
 /// raw_tracepoint twin.
-fn attach_all(ebpf: &mut Ebpf, btf: &Btf, features: &Features) -> Result<Vec<Hook>> {
+fn attach_all(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    features: &Features,
+) -> Result<(Vec<Hook>, Vec<SyscallLink>)> {
     let mut hooks = Vec::new();
+    let mut syscall_links = Vec::new();
     let try_btf = features.btf && features.paths.hooks == features::Hooks::Auto;
     for (btf_prog, raw_prog, tp) in prog::HOOKS {
         if try_btf {
@@ -471,7 +579,10 @@ fn attach_all(ebpf: &mut Ebpf, btf: &Btf, features: &Features) -> Result<Vec<Hoo
                 .map_err(anyhow::Error::from)
                 .and_then(|()| Ok(p.attach()?))
             {
-                Ok(_) => {
+                Ok(link) => {
+                    if is_syscall_hook(tp) {
+                        syscall_links.push(SyscallLink::Btf(btf_prog, link));
+                    }
                     hooks.push(Hook {
                         tracepoint: tp,
                         program: btf_prog,
@@ -488,15 +599,28 @@ fn attach_all(ebpf: &mut Ebpf, btf: &Btf, features: &Features) -> Result<Vec<Hoo
             .try_into()?;
         p.load()
             .with_context(|| format!("loading the raw_tracepoint program for {tp}"))?;
-        p.attach(tp)
+        let link = p
+            .attach(tp)
             .with_context(|| format!("attaching to raw tracepoint {tp}"))?;
+        if is_syscall_hook(tp) {
+            syscall_links.push(SyscallLink::Raw(raw_prog, link));
+        }
         hooks.push(Hook {
             tracepoint: tp,
             program: raw_prog,
             kind: AttachKind::RawTracepoint,
         });
     }
-    Ok(hooks)
+    Ok((hooks, syscall_links))
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| anyhow!("eBPF object has no program {name}"))
+}
+
+fn is_syscall_hook(tracepoint: &str) -> bool {
+    matches!(tracepoint, "sys_enter" | "sys_exit")
 }
 
 /// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; lift the soft limit to the

@@ -34,6 +34,12 @@ pub const CAP_SYS_ADMIN: Cap = Cap {
     name: "CAP_SYS_ADMIN",
     used_for: "eBPF where CAP_BPF and CAP_PERFMON do not exist (kernels before 5.8)",
 };
+pub const CAP_SYS_NICE: Cap = Cap {
+    number: 23,
+    name: "CAP_SYS_NICE",
+    used_for:
+        "the verdicts at SCHED_FIFO ([sentinel] verdict_priority; without it, the normal policy)",
+};
 pub const CAP_PERFMON: Cap = Cap {
     number: 38,
     name: "CAP_PERFMON",
@@ -46,12 +52,13 @@ pub const CAP_BPF: Cap = Cap {
 };
 
 /// Every capability stallscope uses, in the order `stallscope check` lists them.
-pub const USED: [Cap; 6] = [
+pub const USED: [Cap; 7] = [
     CAP_BPF,
     CAP_PERFMON,
     CAP_SYS_PTRACE,
     CAP_CHOWN,
     CAP_DAC_READ_SEARCH,
+    CAP_SYS_NICE,
     CAP_SYS_ADMIN,
 ];
 

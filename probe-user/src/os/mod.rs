@@ -1,8 +1,9 @@
 //! What the daemon needs of the operating system, below every plane: clocks, `/proc`, its
-//! capabilities, the scheduling of its own threads, and stoppable worker threads.
+//! capabilities, the scheduling of its own threads, its heap, and stoppable worker threads.
 
 pub mod caps;
 pub mod clock;
+pub mod memory;
 pub mod pidns;
 pub mod procfs;
 pub mod sched;

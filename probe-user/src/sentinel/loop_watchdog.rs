@@ -17,7 +17,7 @@ use std::{
 
 use log::warn;
 
-use crate::os::clock;
+use crate::os::{clock, sched::VerdictPriority};
 
 /// A loop pass held up this long is reported.
 pub const STUCK_AFTER: Duration = Duration::from_secs(3);
@@ -40,6 +40,8 @@ pub enum Phase {
     Accounting = 5,
     /// Sleeping between passes.
     Idle = 6,
+    /// Leaving: the last capture, detaching the probes.
+    Stopping = 7,
 }
 
 impl Phase {
@@ -52,7 +54,15 @@ impl Phase {
             Phase::CaptureFinish => "stopping a capture",
             Phase::Accounting => "kernel accounting",
             Phase::Idle => "sleep between passes",
+            Phase::Stopping => "stopping (detaching the probes)",
         }
+    }
+
+    /// Whether the phase is on the verdicts' path (waiting for an iteration's end, the
+    /// sentinel, and the per-pass look at the deep dives), which runs at the verdict
+    /// priority; the others take milliseconds and run at the normal policy.
+    fn on_verdict_path(self) -> bool {
+        matches!(self, Phase::Idle | Phase::Sentinel | Phase::DeepDive)
     }
 
     fn from_u8(v: u8) -> Phase {
@@ -63,14 +73,17 @@ impl Phase {
             3 => Phase::CaptureStart,
             4 => Phase::CaptureFinish,
             5 => Phase::Accounting,
+            7 => Phase::Stopping,
             _ => Phase::Idle,
         }
     }
 }
 
-/// The loop's side: marks phases. Cheap (two relaxed stores).
+/// The loop's side: marks phases (two relaxed stores), and sets the loop thread's scheduling
+/// policy for the phase (a syscall when it changes).
 pub struct Marker {
     state: Arc<State>,
+    priority: VerdictPriority,
 }
 
 struct State {
@@ -89,6 +102,16 @@ impl Marker {
         self.state
             .since_ns
             .store(clock::monotonic_ns(), Ordering::Relaxed);
+        if phase.on_verdict_path() {
+            self.priority.raise();
+        } else {
+            self.priority.lower();
+        }
+    }
+
+    /// Whether the verdicts run at a real-time priority.
+    pub fn realtime(&self) -> bool {
+        self.priority.realtime()
     }
 }
 
@@ -108,7 +131,9 @@ impl Drop for Watchdog {
 }
 
 /// Starts watching the calling thread's loop, which sleeps `idle` between passes.
-pub fn start(idle: Duration) -> std::io::Result<(Marker, Watchdog)> {
+///
+/// Called on the loop thread: `priority` is that thread's from then on.
+pub fn start(idle: Duration, priority: u8) -> std::io::Result<(Marker, Watchdog)> {
     let state = Arc::new(State {
         // 0 until the loop's first phase: the attaches before the loop are not a hold-up.
         since_ns: AtomicU64::new(0),
@@ -124,6 +149,7 @@ pub fn start(idle: Duration) -> std::io::Result<(Marker, Watchdog)> {
     Ok((
         Marker {
             state: state.clone(),
+            priority: VerdictPriority::new(priority),
         },
         Watchdog {
             state,

@@ -1,7 +1,10 @@
 //! Which processes the daemon follows: the engines (matched by name or command line, or
-//! given with `--pid`) and the processes the kernel plane accounts, read once per rescan.
+//! given with `--pid`) and the processes the kernel plane accounts, matched at each rescan.
 
-use std::collections::BTreeSet;
+use std::{
+    collections::{BTreeSet, HashMap, HashSet},
+    time::{Duration, Instant},
+};
 
 use crate::{config::Config, os::procfs};
 
@@ -13,24 +16,21 @@ pub struct Scan {
     pub watched: BTreeSet<u32>,
 }
 
-/// Reads every process's name and command line once and matches them against the
-/// configuration. `was_engine` and `was_watched` say whether a process matched at the last
-/// rescan: one whose name could not be read this time still does.
+/// Matches the node's processes against the configuration. `was_engine` and `was_watched`
+/// say whether a process matched at the last rescan: one whose name could not be read this
+/// time still does.
 pub fn scan(
     cfg: &Config,
+    names: &mut ProcessNames,
     was_engine: impl Fn(u32) -> bool,
     was_watched: impl Fn(u32) -> bool,
 ) -> Scan {
     let me = std::process::id();
-    let all: Vec<Named> = procfs::all_pids()
+    let pids: Vec<u32> = procfs::all_pids()
         .into_iter()
         .filter(|&p| p != me)
-        .map(|pid| Named {
-            pid,
-            comm: procfs::thread_comm(pid, pid),
-            cmdline: procfs::cmdline(pid),
-        })
         .collect();
+    let all = names.read(&pids, Instant::now());
     let explicit = &cfg.watch.pids;
     let engines: BTreeSet<u32> = if explicit.is_empty() {
         all.iter()
@@ -53,7 +53,65 @@ pub fn scan(
     Scan { engines, watched }
 }
 
-/// A process's name and command line, read once per rescan (None: the read failed).
+/// How long after the daemon first sees a process its name and command line are read at
+/// every rescan: engines set their title as they start (vLLM's engine core becomes
+/// `VLLM::EngineCore` after its interpreter has started).
+const YOUNG: Duration = Duration::from_secs(60);
+
+/// How often the name and command line of an older process are read again (an `exec` or a
+/// late retitle is seen within this).
+const REREAD: Duration = Duration::from_secs(30);
+
+/// The names and command lines of the node's processes, kept between rescans: reading them
+/// all (two `/proc` files per process) every rescan was a fifth of the daemon's CPU.
+#[derive(Default)]
+pub struct ProcessNames {
+    known: HashMap<u32, Known>,
+}
+
+struct Known {
+    named: Named,
+    first_seen: Instant,
+    read_at: Instant,
+}
+
+impl ProcessNames {
+    /// The names of `pids` (the processes that exist now), read again where they are due;
+    /// processes not in `pids` are forgotten.
+    fn read(&mut self, pids: &[u32], now: Instant) -> Vec<Named> {
+        let live: HashSet<u32> = pids.iter().copied().collect();
+        self.known.retain(|pid, _| live.contains(pid));
+        pids.iter()
+            .map(|&pid| {
+                let due = self.known.get(&pid).is_none_or(|k| {
+                    k.named.unread()
+                        || now.duration_since(k.first_seen) < YOUNG
+                        || now.duration_since(k.read_at) >= REREAD
+                });
+                if due {
+                    let named = Named {
+                        pid,
+                        comm: procfs::thread_comm(pid, pid),
+                        cmdline: procfs::cmdline(pid),
+                    };
+                    let first_seen = self.known.get(&pid).map_or(now, |k| k.first_seen);
+                    self.known.insert(
+                        pid,
+                        Known {
+                            named,
+                            first_seen,
+                            read_at: now,
+                        },
+                    );
+                }
+                self.known[&pid].named.clone()
+            })
+            .collect()
+    }
+}
+
+/// A process's name and command line (None: the read failed).
+#[derive(Clone)]
 struct Named {
     pid: u32,
     comm: Option<String>,
@@ -82,7 +140,29 @@ impl Named {
 
 #[cfg(test)]
 mod tests {
-    use super::Named;
+    use std::time::{Duration, Instant};
+
+    use super::{Named, ProcessNames};
+
+    #[test]
+    fn names_are_read_again_while_young_then_every_reread_period() {
+        let me = std::process::id();
+        let t0 = Instant::now();
+        let mut names = ProcessNames::default();
+        let s = Duration::from_secs;
+        // (seconds after the first sight, when the name was last read afterwards)
+        let steps = [(0, 0), (59, 59), (61, 59), (88, 59), (89, 89), (100, 89)];
+        for (at, read_at) in steps {
+            let named = names.read(&[me], t0 + s(at));
+            assert_eq!(named.len(), 1);
+            assert!(named[0].comm.is_some(), "this process's name can be read");
+            assert_eq!(names.known[&me].read_at, t0 + s(read_at), "at {at} s");
+            assert_eq!(names.known[&me].first_seen, t0);
+        }
+        // A process that is gone is forgotten (a new one with its pid is read afresh).
+        assert!(names.read(&[], t0 + s(101)).is_empty());
+        assert!(names.known.is_empty());
+    }
 
     #[test]
     fn a_process_is_matched_on_what_could_be_read() {
