@@ -115,7 +115,6 @@ pub fn router(
         }))
 }
 
-/// Resolves once `flag` is set (the sentinel loop stopping on its own).
 async fn metrics(State(app): State<Arc<App>>) -> impl IntoResponse {
     (
         [(

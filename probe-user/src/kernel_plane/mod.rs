@@ -353,7 +353,7 @@ impl KernelPlane {
     }
 
     /// Whether the syscall hooks are attached now.
-    pub fn syscalls_attached(&self) -> bool {
+    fn syscalls_attached(&self) -> bool {
         !self.syscall_links.is_empty()
     }
 

@@ -4,7 +4,7 @@
 ///
 /// glibc keeps what a thread freed in that thread's arena, resident: a deep dive's million
 /// events and timeline (built and freed on its writer thread) stayed in the daemon's RSS after
-/// the capture (62 → 109 MiB on vLLM), as did the kernel BTF parsed at start-up. Called after
+/// the capture (VmRSS 62 → 109 MB on vLLM), as did the kernel BTF parsed at start-up. Called after
 /// such work, once each; trimming costs milliseconds.
 pub fn release_free_heap() {
     // SAFETY: malloc_trim only walks and trims the allocator's own arenas.

@@ -78,40 +78,38 @@ struct Known {
 impl ProcessNames {
     /// The names of `pids` (the processes that exist now), read again where they are due;
     /// processes not in `pids` are forgotten.
-    fn read(&mut self, pids: &[u32], now: Instant) -> Vec<Named> {
+    fn read(&mut self, pids: &[u32], now: Instant) -> Vec<&Named> {
         let live: HashSet<u32> = pids.iter().copied().collect();
         self.known.retain(|pid, _| live.contains(pid));
-        pids.iter()
-            .map(|&pid| {
-                let due = self.known.get(&pid).is_none_or(|k| {
-                    k.named.unread()
-                        || now.duration_since(k.first_seen) < YOUNG
-                        || now.duration_since(k.read_at) >= REREAD
-                });
-                if due {
-                    let named = Named {
-                        pid,
-                        comm: procfs::thread_comm(pid, pid),
-                        cmdline: procfs::cmdline(pid),
-                    };
-                    let first_seen = self.known.get(&pid).map_or(now, |k| k.first_seen);
-                    self.known.insert(
-                        pid,
-                        Known {
-                            named,
-                            first_seen,
-                            read_at: now,
-                        },
-                    );
+        for &pid in pids {
+            let first_seen = match self.known.get(&pid) {
+                Some(k)
+                    if !k.named.unread()
+                        && now.duration_since(k.first_seen) >= YOUNG
+                        && now.duration_since(k.read_at) < REREAD =>
+                {
+                    continue
                 }
-                self.known[&pid].named.clone()
-            })
-            .collect()
+                Some(k) => k.first_seen,
+                None => now,
+            };
+            let named = Named {
+                pid,
+                comm: procfs::thread_comm(pid, pid),
+                cmdline: procfs::cmdline(pid),
+            };
+            let known = Known {
+                named,
+                first_seen,
+                read_at: now,
+            };
+            self.known.insert(pid, known);
+        }
+        pids.iter().map(|pid| &self.known[pid].named).collect()
     }
 }
 
 /// A process's name and command line (None: the read failed).
-#[derive(Clone)]
 struct Named {
     pid: u32,
     comm: Option<String>,
