@@ -11,6 +11,9 @@ pub const MAX_THREADS: u32 = 32 * 1024;
 pub const MAX_SYSCALL_KEYS: u32 = 16 * 1024;
 /// Maximum number of watched processes.
 pub const MAX_WATCHED: u32 = 4096;
+/// Words of [`map::WATCHED_TGIDS`]: one bit for every process id up to the kernel's
+/// `PID_MAX_LIMIT` on 64-bit (2^22, the most `kernel.pid_max` can be raised to): 512 KiB.
+pub const TGID_WORDS: u32 = (1 << 22) / 64;
 /// Number of log2 buckets in a syscall latency histogram: bucket `i` counts latencies
 /// in `[2^i, 2^(i+1))` ns; the last bucket also takes everything longer.
 pub const HIST_BUCKETS: usize = 32;
@@ -26,6 +29,13 @@ pub mod map {
     /// PID namespace, whose kernel id is not known yet (a daemon outside the host's PID
     /// namespace only; see [`super::Config::view_ino`]).
     pub const WATCHED_VIEW: &str = "WATCHED_VIEW";
+    /// `Array<u64>` of [`super::TGID_WORDS`] words: bit `tgid % 64` of word `tgid / 64` is set
+    /// while the kernel id `tgid` is in [`WATCHED`]. Every hook tests it before any hash
+    /// lookup, so that events of processes nobody watches (nearly all of a node's) cost an
+    /// inlined array read. Only userspace writes it (one writer, no lost updates); a clear bit
+    /// is trusted only while [`super::Config::learn`] is 0, since learning adds to
+    /// [`WATCHED`] from the kernel side.
+    pub const WATCHED_TGIDS: &str = "WATCHED_TGIDS";
     /// `Array<Config>` with one entry.
     pub const CONFIG: &str = "CONFIG";
     /// `HashMap<u32 tid, ThreadStats>`.
@@ -36,6 +46,14 @@ pub mod map {
     pub const EVENTS: &str = "EVENTS";
     /// `PerCpuArray<u64>` with one entry: events dropped because the ring was full.
     pub const LOST: &str = "LOST";
+}
+
+/// Names of the programs' read-only globals, which the loader sets before loading.
+pub mod global {
+    /// `u32`: byte offset of `pid` in `struct task_struct` (from the kernel's BTF).
+    pub const TASK_PID_OFF: &str = "TASK_PID_OFF";
+    /// `u32`: byte offset of `tgid` in `struct task_struct` (from the kernel's BTF).
+    pub const TASK_TGID_OFF: &str = "TASK_TGID_OFF";
 }
 
 /// Names of the kernel programs. Each hook exists twice in the object: a `tp_btf`
@@ -59,6 +77,9 @@ pub mod prog {
         ("btf_sys_enter", "raw_sys_enter", "sys_enter"),
         ("btf_sys_exit", "raw_sys_exit", "sys_exit"),
     ];
+    /// A `tp_btf` program on sched_switch that does nothing: the measuring floor of run-time
+    /// statistics.
+    pub const EMPTY: &str = "btf_empty_sched_switch";
 }
 
 /// Run-time configuration written by userspace into `CONFIG[0]`.
@@ -69,10 +90,6 @@ pub struct Config {
     pub self_tgid: u32,
     /// Non-zero while deep-dive mode streams raw events.
     pub deep_dive: u32,
-    /// Byte offset of `pid` in `struct task_struct` (read from kernel BTF).
-    pub task_pid_off: u32,
-    /// Byte offset of `tgid` in `struct task_struct` (read from kernel BTF).
-    pub task_tgid_off: u32,
     /// Wake the ring's reader once this many bytes are waiting (otherwise it drains on a timer).
     pub wake_threshold: u64,
     /// Device (kernel encoding) and inode of the daemon's PID namespace when that is not the

@@ -20,17 +20,20 @@ use aya_ebpf::{
     macros::{btf_tracepoint, map, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, RawTracePointContext},
-    EbpfContext,
+    EbpfContext, Global,
 };
 use probe_common::{
     event, hist_bucket, state, Config, Event, SyscallKey, SyscallStats, ThreadStats,
     EVENT_RING_BYTES, HIST_BUCKETS, MAX_SYSCALL_KEYS, MAX_THREADS, MAX_WATCHED, OUTSIDE_VIEW,
+    TGID_WORDS,
 };
 
 #[map]
 static WATCHED: HashMap<u32, u32> = HashMap::with_max_entries(MAX_WATCHED, 0);
 #[map]
 static WATCHED_VIEW: HashMap<u32, u32> = HashMap::with_max_entries(MAX_WATCHED, 0);
+#[map]
+static WATCHED_TGIDS: Array<u64> = Array::with_max_entries(TGID_WORDS, 0);
 #[map]
 static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 #[map]
@@ -43,12 +46,33 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(EVENT_RING_BYTES, 0);
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
+/// Byte offsets of `pid` and `tgid` in `struct task_struct`, from the running kernel's BTF.
+/// The loader writes them into `.rodata`, which aya creates read-only for programs and
+/// freezes: the verifier then reads them as constants (`bpf_map_direct_read` in
+/// kernel/bpf/verifier.c), so a tp_btf program loads the fields directly, each load checked
+/// against the type, instead of calling a helper.
+#[unsafe(no_mangle)]
+static TASK_PID_OFF: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_TGID_OFF: Global<u32> = Global::new(0);
+
 /// x86_64 syscall numbers whose positive return value is a byte count sent or received.
 const SYS_SENDTO: u32 = 44;
 const SYS_RECVFROM: u32 = 45;
 const SYS_SENDMSG: u32 = 46;
 const SYS_RECVMSG: u32 = 47;
 const NO_SYSCALL: u32 = u32::MAX;
+
+/// How a program may read the kernel structures (`task_struct`, `pt_regs`) its tracepoint
+/// passes pointers to.
+#[derive(Clone, Copy)]
+enum Args {
+    /// tp_btf: the arguments are typed kernel pointers, loaded from directly (the verifier
+    /// checks the offset against the type; the JIT catches a fault).
+    Typed,
+    /// raw_tracepoint: plain numbers, read through bpf_probe_read_kernel.
+    Untyped,
+}
 
 #[inline(always)]
 fn arg(ctx: *mut core::ffi::c_void, n: usize) -> u64 {
@@ -80,6 +104,21 @@ fn watched(cfg: &Config, tgid: u32) -> Option<u32> {
     }
     // SAFETY: a plain u32 read from the map's value; userspace only inserts and removes it.
     unsafe { WATCHED.get(tgid) }.copied()
+}
+
+/// Whether a thread of process `tgid` (kernel id) may be accounted: its bit in
+/// WATCHED_TGIDS, or any process while the probes are learning kernel ids. Tested before
+/// any hash lookup: the verifier inlines this array read, which is all that events of
+/// unwatched processes cost.
+#[inline(always)]
+fn maybe_watched(cfg: &Config, tgid: u32) -> bool {
+    if cfg.learn != 0 {
+        return true;
+    }
+    // Every tgid the kernel can hand out has its word; `get` fails only beyond that.
+    WATCHED_TGIDS
+        .get(tgid / 64)
+        .is_none_or(|word| word & (1 << (tgid % 64)) != 0)
 }
 
 /// Whether the daemon sees other ids than the kernel's (it runs in a PID namespace of its
@@ -152,12 +191,29 @@ fn view_tid(cfg: &Config, tid: u32, view: u32) -> u32 {
     }
 }
 
-/// Reads a `u32` field of a `struct task_struct *` at an offset userspace read from BTF.
+/// A `u32` field of a `struct task_struct *`, at one of the offsets above.
 #[inline(always)]
-fn task_field(task: u64, offset: u32) -> u32 {
-    // SAFETY: bpf_probe_read_kernel checks the address and fails (read as 0) instead of
-    // faulting; the offset came from the running kernel's BTF for this field.
-    unsafe { bpf_probe_read_kernel((task + offset as u64) as *const u32) }.unwrap_or(0)
+fn task_field(args: Args, task: u64, offset: &Global<u32>) -> u32 {
+    let offset = u64::from(offset.load());
+    match args {
+        // SAFETY: `task` is a typed task_struct pointer and the offset a constant the
+        // verifier checks against that type; the JIT turns a fault into a read of 0.
+        Args::Typed => unsafe { *((task + offset) as *const u32) },
+        // SAFETY: bpf_probe_read_kernel checks the address and fails (read as 0) instead of
+        // faulting.
+        Args::Untyped => {
+            unsafe { bpf_probe_read_kernel((task + offset) as *const u32) }.unwrap_or(0)
+        }
+    }
+}
+
+/// The task's process id and thread id.
+#[inline(always)]
+fn task_ids(args: Args, task: u64) -> (u32, u32) {
+    (
+        task_field(args, task, &TASK_TGID_OFF),
+        task_field(args, task, &TASK_PID_OFF),
+    )
 }
 
 /// The accumulators of a watched, live thread. `tgid`, when known, guards against a
@@ -177,10 +233,15 @@ fn tracked(tid: u32, tgid: Option<u32>) -> Option<&'static mut ThreadStats> {
 
 /// The current thread's id and tgid, and its accumulators if it is watched.
 #[inline(always)]
-fn current_thread() -> (u32, u32, Option<&'static mut ThreadStats>) {
+fn current_thread(cfg: &Config) -> (u32, u32, Option<&'static mut ThreadStats>) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
-    (tid, tgid, tracked(tid, Some(tgid)))
+    let stats = if maybe_watched(cfg, tgid) {
+        tracked(tid, Some(tgid))
+    } else {
+        None
+    };
+    (tid, tgid, stats)
 }
 
 /// Appends one deep-dive event without waking the reader unless the ring is filling up.
@@ -218,15 +279,29 @@ fn emit(cfg: &Config, kind: u32, tid: u32, ts_ns: u64, arg0: u64, arg1: u64) {
 
 /// sched_switch(bool preempt, task_struct *prev, task_struct *next, unsigned int prev_state)
 #[inline(always)]
-fn on_sched_switch(ctx: *mut core::ffi::c_void) -> u32 {
+fn on_sched_switch(ctx: *mut core::ffi::c_void, args: Args) -> u32 {
     let Some(cfg) = config() else { return 0 };
     // At this tracepoint `current` is still `prev`.
-    let (prev_tid, prev_tgid, mut prev) = current_thread();
-    let next_tid = task_field(arg(ctx, 2), cfg.task_pid_off);
-    let next = if next_tid == 0 {
-        None
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (prev_tid, prev_tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    let next_task = arg(ctx, 2);
+    let next_tgid = task_field(args, next_task, &TASK_TGID_OFF);
+    let prev_maybe = maybe_watched(cfg, prev_tgid);
+    let next_maybe = maybe_watched(cfg, next_tgid);
+    if !prev_maybe && !next_maybe {
+        return 0;
+    }
+    let mut prev = if prev_maybe {
+        tracked(prev_tid, Some(prev_tgid))
     } else {
-        tracked(next_tid, None)
+        None
+    };
+    // Read even for an unwatched `next`: a deep dive names who took the CPU.
+    let next_tid = task_field(args, next_task, &TASK_PID_OFF);
+    let next = if next_maybe && next_tid != 0 {
+        tracked(next_tid, Some(next_tgid))
+    } else {
+        None
     };
     let preempt = arg(ctx, 0) & 0xff != 0;
     let prev_state = arg(ctx, 3) as u32;
@@ -237,7 +312,7 @@ fn on_sched_switch(ctx: *mut core::ffi::c_void) -> u32 {
     let mut involved = false;
     let (mut prev_view, mut next_view) = (0, 0);
 
-    if prev.is_none() && namespaced(cfg) {
+    if prev.is_none() && prev_maybe && namespaced(cfg) {
         now = now_ns();
         prev = learn_current(cfg, prev_tid, prev_tgid, now);
     }
@@ -294,9 +369,12 @@ fn on_sched_switch(ctx: *mut core::ffi::c_void) -> u32 {
 
 /// sched_wakeup(task_struct *p)
 #[inline(always)]
-fn on_wakeup(ctx: *mut core::ffi::c_void) -> u32 {
+fn on_wakeup(ctx: *mut core::ffi::c_void, args: Args) -> u32 {
     let Some(cfg) = config() else { return 0 };
-    let tid = task_field(arg(ctx, 0), cfg.task_pid_off);
+    let (tgid, tid) = task_ids(args, arg(ctx, 0));
+    if !maybe_watched(cfg, tgid) {
+        return 0;
+    }
     let Some(s) = tracked(tid, None) else {
         return 0;
     };
@@ -315,14 +393,15 @@ fn on_wakeup(ctx: *mut core::ffi::c_void) -> u32 {
 
 /// sched_wakeup_new(task_struct *p): a new thread; tracked if its process is watched.
 #[inline(always)]
-fn on_wakeup_new(ctx: *mut core::ffi::c_void) -> u32 {
+fn on_wakeup_new(ctx: *mut core::ffi::c_void, args: Args) -> u32 {
     let Some(cfg) = config() else { return 0 };
-    let task = arg(ctx, 0);
-    let tgid = task_field(task, cfg.task_tgid_off);
+    let (tgid, tid) = task_ids(args, arg(ctx, 0));
+    if !maybe_watched(cfg, tgid) {
+        return 0;
+    }
     let Some(view_tgid) = watched(cfg, tgid) else {
         return 0;
     };
-    let tid = task_field(task, cfg.task_pid_off);
     let now = now_ns();
     // A namespaced daemon learns the new thread's id when it first switches out.
     let view = if namespaced(cfg) { 0 } else { tid };
@@ -352,9 +431,9 @@ fn on_wakeup_new(ctx: *mut core::ffi::c_void) -> u32 {
 
 /// sched_process_exit(task_struct *p, ...): `current` is the exiting thread.
 #[inline(always)]
-fn on_exit() -> u32 {
+fn on_exit(_ctx: *mut core::ffi::c_void, _args: Args) -> u32 {
     let Some(cfg) = config() else { return 0 };
-    let (tid, _, Some(s)) = current_thread() else {
+    let (tid, _, Some(s)) = current_thread(cfg) else {
         return 0;
     };
     let now = now_ns();
@@ -369,14 +448,14 @@ fn on_exit() -> u32 {
 
 /// sys_enter(struct pt_regs *regs, long id)
 #[inline(always)]
-fn on_sys_enter(ctx: *mut core::ffi::c_void) -> u32 {
+fn on_sys_enter(ctx: *mut core::ffi::c_void, _args: Args) -> u32 {
     let Some(cfg) = config() else { return 0 };
     // Before any map lookup: an engine core spinning in sched_yield makes ~270k of them a
     // second, and this filter is most of what they cost.
     if !cfg.accounts(arg(ctx, 1)) {
         return 0;
     }
-    let (tid, _, Some(s)) = current_thread() else {
+    let (tid, _, Some(s)) = current_thread(cfg) else {
         return 0;
     };
     let now = now_ns();
@@ -396,29 +475,19 @@ fn on_sys_enter(ctx: *mut core::ffi::c_void) -> u32 {
     0
 }
 
-/// How a program may read the `struct pt_regs *` its tracepoint passes.
-#[derive(Clone, Copy)]
-enum Regs {
-    /// tp_btf: the argument is a typed kernel pointer, loaded from directly (the verifier
-    /// checks the offset against the type; the JIT catches a fault).
-    Typed,
-    /// raw_tracepoint: a plain number, read through bpf_probe_read_kernel.
-    Untyped,
-}
-
 /// `orig_ax` in x86-64's `struct pt_regs`: fixed by the ptrace ABI (`ORIG_RAX * 8`).
 const X86_ORIG_AX: u64 = 15 * 8;
 
 /// The syscall number in a sys_exit's registers, if it can be read.
 #[inline(always)]
-fn syscall_nr(ctx: *mut core::ffi::c_void, regs: Regs, cfg: &Config) -> Option<u64> {
-    match regs {
+fn syscall_nr(ctx: *mut core::ffi::c_void, args: Args, cfg: &Config) -> Option<u64> {
+    match args {
         // SAFETY: the first argument of sys_exit is the task's pt_regs, and orig_ax lies
         // inside it; the verifier only accepts this load as a checked one.
-        Regs::Typed if cfg.regs_nr_off as u64 == X86_ORIG_AX => {
+        Args::Typed if cfg.regs_nr_off as u64 == X86_ORIG_AX => {
             Some(unsafe { *((arg(ctx, 0) + X86_ORIG_AX) as *const u64) })
         }
-        Regs::Typed | Regs::Untyped if cfg.regs_nr_off != 0 => {
+        Args::Typed | Args::Untyped if cfg.regs_nr_off != 0 => {
             // SAFETY: bpf_probe_read_kernel checks the address and fails instead of
             // faulting; the offset is the syscall number's, from BTF.
             unsafe {
@@ -432,14 +501,14 @@ fn syscall_nr(ctx: *mut core::ffi::c_void, regs: Regs, cfg: &Config) -> Option<u
 
 /// sys_exit(struct pt_regs *regs, long ret)
 #[inline(always)]
-fn on_sys_exit(ctx: *mut core::ffi::c_void, regs: Regs) -> u32 {
+fn on_sys_exit(ctx: *mut core::ffi::c_void, args: Args) -> u32 {
     let Some(cfg) = config() else { return 0 };
     // A syscall entered unaccounted left sys_nr unset: the full path below would find
     // NO_SYSCALL and stop too, after a map lookup.
-    if syscall_nr(ctx, regs, cfg).is_some_and(|nr| !cfg.accounts(nr)) {
+    if syscall_nr(ctx, args, cfg).is_some_and(|nr| !cfg.accounts(nr)) {
         return 0;
     }
-    let (tid, _, Some(s)) = current_thread() else {
+    let (tid, _, Some(s)) = current_thread(cfg) else {
         return 0;
     };
     let nr = s.sys_nr;
@@ -481,49 +550,51 @@ fn on_sys_exit(ctx: *mut core::ffi::c_void, regs: Regs) -> u32 {
 }
 
 macro_rules! hook_pair {
-    ($btf:ident, $raw:ident, $tp:literal, |$c:ident| $body:expr) => {
+    ($btf:ident, $raw:ident, $tp:literal, $body:path) => {
         #[btf_tracepoint(function = $tp)]
         pub fn $btf(ctx: BtfTracePointContext) -> u32 {
-            let $c = ctx.as_ptr();
-            $body
+            $body(ctx.as_ptr(), Args::Typed)
         }
         #[raw_tracepoint(tracepoint = $tp)]
         pub fn $raw(ctx: RawTracePointContext) -> i32 {
-            let $c = ctx.as_ptr();
-            let ret: u32 = $body;
-            ret as i32
+            $body(ctx.as_ptr(), Args::Untyped) as i32
         }
     };
 }
 
-hook_pair!(btf_sched_switch, raw_sched_switch, "sched_switch", |c| {
-    on_sched_switch(c)
-});
-hook_pair!(btf_sched_wakeup, raw_sched_wakeup, "sched_wakeup", |c| {
-    on_wakeup(c)
-});
+hook_pair!(
+    btf_sched_switch,
+    raw_sched_switch,
+    "sched_switch",
+    on_sched_switch
+);
+hook_pair!(
+    btf_sched_wakeup,
+    raw_sched_wakeup,
+    "sched_wakeup",
+    on_wakeup
+);
 hook_pair!(
     btf_sched_wakeup_new,
     raw_sched_wakeup_new,
     "sched_wakeup_new",
-    |c| on_wakeup_new(c)
+    on_wakeup_new
 );
 hook_pair!(
     btf_sched_process_exit,
     raw_sched_process_exit,
     "sched_process_exit",
-    |_c| on_exit()
+    on_exit
 );
-hook_pair!(btf_sys_enter, raw_sys_enter, "sys_enter", |c| on_sys_enter(
-    c
-));
-#[btf_tracepoint(function = "sys_exit")]
-pub fn btf_sys_exit(ctx: BtfTracePointContext) -> u32 {
-    on_sys_exit(ctx.as_ptr(), Regs::Typed)
-}
-#[raw_tracepoint(tracepoint = "sys_exit")]
-pub fn raw_sys_exit(ctx: RawTracePointContext) -> i32 {
-    on_sys_exit(ctx.as_ptr(), Regs::Untyped) as i32
+hook_pair!(btf_sys_enter, raw_sys_enter, "sys_enter", on_sys_enter);
+hook_pair!(btf_sys_exit, raw_sys_exit, "sys_exit", on_sys_exit);
+
+/// Does nothing. `stallscope probe --prog-stats` attaches it beside the hooks: its run time
+/// per event is what the statistics themselves add to every program's figure (the kernel
+/// reads the clock around each run), the floor below which no hook can be measured.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn btf_empty_sched_switch(_ctx: BtfTracePointContext) -> u32 {
+    0
 }
 
 #[cfg(not(test))]

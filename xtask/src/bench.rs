@@ -69,7 +69,9 @@ fn per_event_cost() -> Result<()> {
                 "running, not watched: the probes watch an idle process"
             }
         );
-        println!("| program | runs | ns/run |\n|---|---:|---:|");
+        println!(
+            "| tracepoint | program | runs | ns/run | ns/run above the empty program |\n|---|---|---:|---:|---:|"
+        );
         let (child, _out, info) = start_workload(&["pingpong", "--seconds", "8"])?;
         let mut idle = None;
         let pid = if watched {
@@ -86,16 +88,27 @@ fn per_event_cost() -> Result<()> {
             let _ = c.kill();
             let _ = c.wait();
         }
-        for p in report?["programs"].as_array().context("no program stats")? {
-            let (runs, ns) = (
-                p["run_count"].as_f64().unwrap_or(0.0),
-                p["run_time_ns"].as_f64().unwrap_or(0.0),
-            );
-            println!(
-                "| {} | {} | {:.1} |",
-                p["tracepoint"].as_str().unwrap_or("?"),
+        let report = report?;
+        let programs = report["programs"].as_array().context("no program stats")?;
+        let per_run = |p: &Value| {
+            let runs = p["run_count"].as_f64().unwrap_or(0.0);
+            (
                 runs,
-                ns / runs.max(1.0)
+                p["run_time_ns"].as_f64().unwrap_or(0.0) / runs.max(1.0),
+            )
+        };
+        // The empty program on sched_switch: what the statistics add to every figure.
+        let floor = programs
+            .iter()
+            .find(|p| p["program"] == probe_common::prog::EMPTY)
+            .map(|p| per_run(p).1);
+        for p in programs {
+            let (runs, ns) = per_run(p);
+            let above = floor.map_or("?".into(), |f| format!("{:.1}", ns - f));
+            println!(
+                "| {} | {} | {runs} | {ns:.1} | {above} |",
+                p["tracepoint"].as_str().unwrap_or("?"),
+                p["program"].as_str().unwrap_or("?"),
             );
         }
         println!();

@@ -210,7 +210,7 @@ fn start_kernel_plane(args: &ProbeArgs, paths: &KernelPaths, pid: u32) -> Result
     features.require()?;
     let mut plane = KernelPlane::load(&features)?;
     if args.prog_stats {
-        plane.enable_run_stats()?;
+        plane.enable_run_stats(&features)?;
     }
     plane.watch(pid)?;
     Ok(plane)

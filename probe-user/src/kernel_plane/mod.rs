@@ -24,7 +24,7 @@ use aya::{
 };
 use log::{info, warn};
 use probe_common::{
-    map, prog, state, Config, SyscallKey, SyscallStats, ThreadStats, EVENT_RING_BYTES,
+    global, map, prog, state, Config, SyscallKey, SyscallStats, ThreadStats, EVENT_RING_BYTES,
 };
 
 pub mod accounting;
@@ -32,10 +32,12 @@ pub mod btf_offsets;
 pub mod drain;
 pub mod features;
 pub mod syscall_names;
+mod tgid_filter;
 
 use crate::os::{clock, pidns, procfs};
 use btf_offsets::TaskOffsets;
 use features::Features;
+use tgid_filter::TgidFilter;
 
 /// The compiled eBPF object, built by build.rs with the pinned nightly.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/probe-ebpf"));
@@ -87,6 +89,8 @@ pub struct Hook {
 pub struct ProgramStats {
     /// Tracepoint name.
     pub tracepoint: String,
+    /// Program name ([`probe_common::prog::EMPTY`] for the measuring floor).
+    pub program: String,
     /// Times the program ran.
     pub run_count: u64,
     /// Total ns spent in it.
@@ -112,6 +116,8 @@ pub struct KernelPlane {
     ebpf: Ebpf,
     watched: HashMap<MapData, u32, u32>,
     watched_view: HashMap<MapData, u32, u32>,
+    /// The bits of `watched`'s keys.
+    tgids: TgidFilter,
     config_map: Array<MapData, Config>,
     threads: HashMap<MapData, u32, ThreadStats>,
     syscalls: HashMap<MapData, SyscallKey, SyscallStats>,
@@ -144,6 +150,8 @@ impl KernelPlane {
             .with_context(|| format!("cannot parse kernel BTF {}", features.paths.btf.display()))?;
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
+            .override_global(global::TASK_PID_OFF, &offsets.pid, true)
+            .override_global(global::TASK_TGID_OFF, &offsets.tgid, true)
             .load(EBPF_OBJECT)
             .context("loading the eBPF object into the kernel")?;
 
@@ -153,6 +161,7 @@ impl KernelPlane {
         };
         let watched = HashMap::try_from(take(map::WATCHED)?)?;
         let watched_view = HashMap::try_from(take(map::WATCHED_VIEW)?)?;
+        let tgids = TgidFilter::new(Array::try_from(take(map::WATCHED_TGIDS)?)?);
         let mut config_map = Array::try_from(take(map::CONFIG)?)?;
         let threads = HashMap::try_from(take(map::THREAD_STATS)?)?;
         let syscalls = HashMap::try_from(take(map::SYSCALL_STATS)?)?;
@@ -178,8 +187,6 @@ impl KernelPlane {
                 std::process::id()
             },
             deep_dive: 0,
-            task_pid_off: offsets.pid,
-            task_tgid_off: offsets.tgid,
             wake_threshold: u64::from(EVENT_RING_BYTES / 4),
             view_dev: view.map_or(0, |v| v.dev),
             view_ino: view.map_or(0, |v| v.ino),
@@ -202,6 +209,7 @@ impl KernelPlane {
             ebpf,
             watched,
             watched_view,
+            tgids,
             config_map,
             threads,
             syscalls,
@@ -238,6 +246,7 @@ impl KernelPlane {
         self.watched
             .insert(pid, pid, 0)
             .with_context(|| format!("watching pid {pid}"))?;
+        self.tgids.set(pid, true)?;
         let now = clock::monotonic_ns();
         for tid in procfs::threads(pid) {
             let Some(st) = procfs::thread_state(pid, tid) else {
@@ -275,6 +284,7 @@ impl KernelPlane {
             .collect();
         for tgid in kernel_ids {
             let _ = self.watched.remove(&tgid);
+            self.tgids.set(tgid, false)?;
         }
         // Threads whose id is not learned yet (view_tid 0) go too.
         let tids = self.kernel_tids(|s| s.view_tgid == pid);
@@ -417,20 +427,23 @@ impl KernelPlane {
         if self.config.learn == 0 {
             return;
         }
-        let learned: Vec<u32> = self
-            .watched
-            .iter()
-            .filter_map(|r| r.ok())
-            .map(|(_, v)| v)
-            .collect();
+        let learned: Vec<(u32, u32)> = self.watched.iter().filter_map(|r| r.ok()).collect();
         let pending = self
             .watched_view
             .keys()
             .filter_map(|k| k.ok())
-            .any(|v| !learned.contains(&v));
-        if !pending {
-            let _ = self.set_learning(false);
+            .any(|v| !learned.iter().any(|&(_, view)| view == v));
+        if pending {
+            return;
         }
+        // The probes trust a clear bit once learning stops: set them all first.
+        for (tgid, _) in learned {
+            if let Err(e) = self.tgids.set(tgid, true) {
+                warn!("{e:#}: the probes go on learning");
+                return;
+            }
+        }
+        let _ = self.set_learning(false);
     }
 
     /// Hands out the deep-dive ring, mapped into this process for the capture (one at a
@@ -530,10 +543,26 @@ impl KernelPlane {
 
     /// Turns on the kernel's per-program run-time statistics (BPF_ENABLE_STATS) while
     /// this plane lives.
-    pub fn enable_run_stats(&mut self) -> Result<()> {
+    /// With them, the empty program ([`prog::EMPTY`]) runs on sched_switch beside the hooks
+    /// where tp_btf is in use: its figure is the statistics' own cost.
+    pub fn enable_run_stats(&mut self, features: &Features) -> Result<()> {
         let fd = aya::sys::enable_stats(aya::sys::Stats::RunTime)
             .context("enabling BPF run-time statistics")?;
         self.run_stats = Some(fd);
+        let btf_in_use = self.hooks.iter().any(|h| h.kind == AttachKind::TpBtf);
+        if btf_in_use && !self.hooks.iter().any(|h| h.program == prog::EMPTY) {
+            let btf = Btf::parse_file(&features.paths.btf, Endianness::default())
+                .context("parsing the kernel's BTF")?;
+            let p: &mut BtfTracePoint = program(&mut self.ebpf, prog::EMPTY)?.try_into()?;
+            p.load("sched_switch", &btf)?;
+            // The link lives as long as the program, which the plane keeps.
+            p.attach()?;
+            self.hooks.push(Hook {
+                tracepoint: "sched_switch",
+                program: prog::EMPTY,
+                kind: AttachKind::TpBtf,
+            });
+        }
         Ok(())
     }
 
@@ -550,6 +579,7 @@ impl KernelPlane {
                 let info = self.ebpf.program(h.program)?.info().ok()?;
                 Some(ProgramStats {
                     tracepoint: h.tracepoint.to_string(),
+                    program: h.program.to_string(),
                     run_count: info.run_count(),
                     run_time_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
                 })
