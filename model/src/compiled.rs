@@ -8,8 +8,14 @@
 //! last level is carried down: the split nodes under it compare with +inf and every leaf
 //! slot under it holds its value, so whichever way they go (even on NaN) they reach it.
 //!
-//! Predictions are bit-for-bit those of [`Gbdt::predict`]: the same comparisons (`x <= t`
-//! goes left), the same leaf values added to the same base in the same tree order.
+//! Splits compare ranks, not values: each feature's thresholds are kept sorted, a row's
+//! value becomes its rank among them once per prediction (how many lie below it), and a split
+//! holds its threshold's rank. `x <= t_k` exactly when fewer than `k + 1` thresholds lie
+//! below `x`, so the walk takes the same turns, and a split packs into 4 bytes instead of 16:
+//! an ensemble of 200 trees of depth 5 keeps its splits in 25 KiB, within L1.
+//!
+//! Predictions are bit-for-bit those of [`Gbdt::predict`]: the same turns (`x <= t` goes
+//! left, NaN right), the same leaf values added to the same base in the same tree order.
 
 use crate::gbdt::Gbdt;
 
@@ -18,23 +24,21 @@ pub const MAX_DEPTH: u32 = 10;
 
 /// Trees whose chains are stepped together.
 const LANES: usize = 8;
-/// Rows are copied into an array this long, so a feature index needs no bounds check.
+/// Rows are ranked into an array this long, so a feature index needs no bounds check.
 const MAX_FEATURES: usize = 8;
-
-/// One split node: rows with `x[feature] <= threshold` go left.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Split {
-    threshold: f64,
-    feature: u32,
-}
+/// The rank of NaN, above every threshold's rank: NaN goes right at every split.
+const NAN_RANK: u16 = u16::MAX;
 
 /// The layout; empty (predicting nothing) when the ensemble is too deep or has no tree.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Compiled {
     depth: u32,
     trees: usize,
-    /// Per tree, its 2^depth − 1 split nodes.
-    splits: Vec<Split>,
+    /// Per feature, its thresholds (the padding's +inf included) sorted, each once.
+    thresholds: Vec<Vec<f64>>,
+    /// Per tree, its 2^depth − 1 split nodes: the feature in the high 16 bits, the rank of the
+    /// threshold in the low 16.
+    splits: Vec<u32>,
     /// Per tree, its 2^depth leaf slots, left to right.
     leaves: Vec<f64>,
     base: f64,
@@ -42,8 +46,9 @@ pub struct Compiled {
 }
 
 impl Compiled {
-    /// Lays `g` out; None when a tree is deeper than [`MAX_DEPTH`] or there is no tree.
-    /// `g` must be valid ([`Gbdt::validate`]).
+    /// Lays `g` out; None when a tree is deeper than [`MAX_DEPTH`], a feature has more
+    /// thresholds than a 16-bit rank holds, a threshold is NaN, or there is no tree. `g` must
+    /// be valid ([`Gbdt::validate`]).
     pub fn new(g: &Gbdt) -> Option<Compiled> {
         let depth = g.roots.iter().map(|&r| depth_of(g, r)).max()?;
         if depth > MAX_DEPTH || g.n_features > MAX_FEATURES {
@@ -53,25 +58,51 @@ impl Compiled {
         let mut c = Compiled {
             depth,
             trees: g.roots.len(),
-            splits: vec![
-                Split {
-                    threshold: f64::INFINITY,
-                    feature: 0,
-                };
-                inner * g.roots.len()
-            ],
+            thresholds: Vec::new(),
+            splits: Vec::new(),
             leaves: vec![0.0; (inner + 1) * g.roots.len()],
             base: g.base,
             log_target: g.log_target,
         };
+        // (feature, threshold) of every split slot; padding compares feature 0 with +inf.
+        let mut slots = vec![(0u32, f64::INFINITY); inner * g.roots.len()];
         for (t, &root) in g.roots.iter().enumerate() {
-            c.place(g, t, root, 0, 0);
+            c.place(g, &mut slots, t, root, 0, 0);
         }
+        let mut thresholds = vec![Vec::new(); g.n_features.max(1)];
+        for &(f, t) in &slots {
+            if t.is_nan() {
+                return None;
+            }
+            thresholds.get_mut(f as usize)?.push(t);
+        }
+        for t in &mut thresholds {
+            t.sort_by(f64::total_cmp);
+            // -0.0 and 0.0 merge: every comparison treats them alike.
+            t.dedup_by(|a, b| a == b);
+            if t.len() >= usize::from(NAN_RANK) {
+                return None;
+            }
+        }
+        c.splits = slots
+            .iter()
+            .map(|&(f, t)| f << 16 | thresholds[f as usize].partition_point(|&u| u < t) as u32)
+            .collect();
+        c.thresholds = thresholds;
         Some(c)
     }
 
-    /// Puts node `n` of `g` at breadth-first position `pos` (level `level`) of tree `t`.
-    fn place(&mut self, g: &Gbdt, t: usize, n: u32, pos: usize, level: u32) {
+    /// Puts node `n` of `g` at breadth-first position `pos` (level `level`) of tree `t`,
+    /// its split into `slots`.
+    fn place(
+        &mut self,
+        g: &Gbdt,
+        slots: &mut [(u32, f64)],
+        t: usize,
+        n: u32,
+        pos: usize,
+        level: u32,
+    ) {
         let inner = (1usize << self.depth) - 1;
         let node = &g.nodes[n as usize];
         if node.feature == crate::gbdt::LEAF {
@@ -82,12 +113,9 @@ impl Compiled {
             self.leaves[at..at + span].fill(node.value);
             return;
         }
-        self.splits[t * inner + pos] = Split {
-            threshold: node.threshold,
-            feature: node.feature,
-        };
-        self.place(g, t, node.left, 2 * pos + 1, level + 1);
-        self.place(g, t, node.right, 2 * pos + 2, level + 1);
+        slots[t * inner + pos] = (node.feature, node.threshold);
+        self.place(g, slots, t, node.left, 2 * pos + 1, level + 1);
+        self.place(g, slots, t, node.right, 2 * pos + 2, level + 1);
     }
 
     /// Whether there is a layout to predict with.
@@ -98,14 +126,18 @@ impl Compiled {
     /// Predicts one row (`x.len()` at least the ensemble's features).
     #[inline]
     pub fn predict(&self, x: &[f64]) -> f64 {
-        let mut row = [0.0; MAX_FEATURES];
-        let n = x.len().min(MAX_FEATURES);
-        row[..n].copy_from_slice(&x[..n]);
+        let mut rank = [NAN_RANK; MAX_FEATURES];
+        for (f, (r, t)) in rank.iter_mut().zip(&self.thresholds).enumerate() {
+            let v = x.get(f).copied().unwrap_or(0.0);
+            if !v.is_nan() {
+                *r = t.partition_point(|&u| u < v) as u16;
+            }
+        }
         let inner = (1usize << self.depth) - 1;
-        let step = |s: &[Split], i: usize| {
+        let step = |s: &[u32], i: usize| {
             let s = s[i];
             // Left exactly when the walk goes left (`x <= t`), so NaN goes right as there.
-            let left = row[s.feature as usize % MAX_FEATURES] <= s.threshold;
+            let left = rank[(s >> 16) as usize % MAX_FEATURES] <= s as u16;
             2 * i + 2 - usize::from(left)
         };
         let mut sum = self.base;

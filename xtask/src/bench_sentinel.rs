@@ -67,7 +67,7 @@ fn model_costs() -> Result<()> {
     Ok(())
 }
 
-fn xtask_bin() -> PathBuf {
+pub(crate) fn xtask_bin() -> PathBuf {
     crate::root().join("target/release/xtask")
 }
 
@@ -118,7 +118,7 @@ fn load_run(seed: usize, server_log: &std::path::Path) -> Result<RunFigures> {
 }
 
 /// utime + stime of a process, in clock ticks, and its RSS in KiB.
-fn cpu_and_rss(pid: u32) -> Option<(u64, u64)> {
+pub(crate) fn cpu_and_rss(pid: u32) -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let f: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
     let ticks = f[11].parse::<u64>().ok()? + f[12].parse::<u64>().ok()?;
@@ -133,7 +133,7 @@ fn cpu_and_rss(pid: u32) -> Option<(u64, u64)> {
     Some((ticks, rss))
 }
 
-struct Daemon(Child);
+pub(crate) struct Daemon(pub Child);
 
 impl Drop for Daemon {
     fn drop(&mut self) {
@@ -145,7 +145,7 @@ impl Drop for Daemon {
 
 /// What runs beside the engine in one arm of the comparison.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Arm {
+pub(crate) enum Arm {
     /// Nothing.
     Off,
     /// The daemon as shipped: kernel plane, Python probes, sentinel.
@@ -156,7 +156,7 @@ enum Arm {
 }
 
 impl Arm {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Arm::Off => "off",
             Arm::Full => "daemon",
@@ -168,7 +168,7 @@ impl Arm {
 /// Starts the daemon for `arm` with its state in `dir` and waits until it follows the engine:
 /// its Python probes attached (the engine's main thread takes them at its next step, so a
 /// short load brings them in) or, kernel plane only, its processes watched.
-fn start_daemon(dir: &std::path::Path, arm: Arm) -> Result<Daemon> {
+pub(crate) fn start_daemon(dir: &std::path::Path, arm: Arm) -> Result<Daemon> {
     let log_path = dir.join(format!("daemon-{}.log", arm.name().replace(' ', "-")));
     let log = std::fs::File::create(&log_path)?;
     let mut cmd = Command::new(crate::stallscope_bin());
@@ -301,7 +301,7 @@ fn quantile(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
 }
 
 /// Mean and half-width of its 95 % confidence interval (Student's t) of `v`.
-fn mean_ci95(v: &[f64]) -> (f64, f64) {
+pub(crate) fn mean_ci95(v: &[f64]) -> (f64, f64) {
     let n = v.len() as f64;
     let mean = v.iter().sum::<f64>() / n;
     let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
@@ -315,27 +315,26 @@ fn mean_ci95(v: &[f64]) -> (f64, f64) {
     (mean, t * (var / n).sqrt())
 }
 
-fn vllm_overhead() -> Result<()> {
+/// The log of the server `cargo xtask vllm up` started; None when there is none.
+pub(crate) fn server_log() -> Result<Option<PathBuf>> {
     let state =
         std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
             .join(".cache/stallscope/vllm-run/server.json");
     if !state.exists() {
-        println!("\n(vLLM part skipped: no server; run `cargo xtask vllm up` first)");
-        return Ok(());
+        return Ok(None);
     }
     let server: serde_json::Value = serde_json::from_slice(&std::fs::read(&state)?)?;
-    let server_log = PathBuf::from(
-        server["log"]
-            .as_str()
-            .context("no log in the server's state")?,
-    );
-    let dir = std::env::temp_dir().join("stallscope-bench-sentinel");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
-    // Warm the engine up with the daemon attached long enough to fit its model (1,000 decode
-    // iterations), which the daemon stores and every later run loads: the runs' iterations
-    // then get verdicts from the first.
-    let d = start_daemon(&dir, Arm::Full)?;
+    let log = server["log"]
+        .as_str()
+        .context("no log in the server's state")?;
+    Ok(Some(PathBuf::from(log)))
+}
+
+/// Warms the engine up with the daemon attached (state in `dir`) long enough to fit its model
+/// (1,000 decode iterations), which the daemon stores and every later start loads: later
+/// runs' iterations then get verdicts from the first.
+pub(crate) fn warm_up(dir: &std::path::Path) -> Result<()> {
+    let d = start_daemon(dir, Arm::Full)?;
     let warm = Command::new(xtask_bin())
         .args([
             "vllm",
@@ -352,7 +351,18 @@ fn vllm_overhead() -> Result<()> {
     if !warm.success() {
         bail!("the warm-up load failed");
     }
-    stop_daemon(d)?;
+    stop_daemon(d)
+}
+
+fn vllm_overhead() -> Result<()> {
+    let Some(server_log) = server_log()? else {
+        println!("\n(vLLM part skipped: no server; run `cargo xtask vllm up` first)");
+        return Ok(());
+    };
+    let dir = std::env::temp_dir().join("stallscope-bench-sentinel");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    warm_up(&dir)?;
     let arms = [Arm::Off, Arm::Full, Arm::KernelOnly];
     let mut runs: Vec<Vec<RunFigures>> = vec![Vec::new(); arms.len()];
     // Per daemon arm: CPU seconds, wall seconds, the largest RSS (KiB).

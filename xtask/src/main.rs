@@ -6,6 +6,8 @@
 mod bench;
 mod bench_deep_dive;
 mod bench_folds;
+mod bench_memory;
+mod bench_overhead;
 mod bench_python;
 mod bench_sentinel;
 mod bench_trace;
@@ -49,10 +51,10 @@ enum Task {
     Test,
     /// Run the benchmarks and print a Markdown report (see BENCHMARKS.md).
     Bench {
-        /// Only this part: `kernel`, `python`, `sentinel`, `trace`, `deep-dive` or `fuzz`
-        /// (default: all; the sentinel's vLLM part and `deep-dive` need `cargo xtask vllm up`
-        /// first).
-        #[arg(long, value_parser = ["kernel", "python", "sentinel", "trace", "deep-dive", "fuzz"])]
+        /// Only this part: `kernel`, `python`, `sentinel`, `overhead`, `memory` (an hour),
+        /// `trace`, `deep-dive` or `fuzz` (default: all; the sentinel's vLLM part, `overhead`,
+        /// `memory` and `deep-dive` need `cargo xtask vllm up` first).
+        #[arg(long, value_parser = ["kernel", "python", "sentinel", "overhead", "memory", "trace", "deep-dive", "fuzz"])]
         only: Option<String>,
         /// Seconds per fuzz target in the `fuzz` part.
         #[arg(long, default_value_t = 1800)]
@@ -153,6 +155,12 @@ fn main() -> Result<()> {
             }
             if part("sentinel") {
                 bench_sentinel::run()?;
+            }
+            if part("overhead") {
+                bench_overhead::run()?;
+            }
+            if part("memory") {
+                bench_memory::run()?;
             }
             if part("trace") {
                 bench_trace::run()?;

@@ -1,0 +1,179 @@
+//! `cargo xtask bench --only memory`: whether the daemon's memory stays flat over a long run
+//! attached to vLLM under steady load, with what a long run brings: refits, reference
+//! recordings, alerts and a deep dive every 10 minutes. Samples the daemon's RSS, open file
+//! descriptors and threads every 10 s. `STALLSCOPE_MEMORY_SOAK_S` sets the length (default
+//! one hour).
+
+use std::{
+    process::{Command, Stdio},
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::bench_sentinel::{start_daemon, xtask_bin, Arm};
+
+/// Time between samples.
+const SAMPLE: Duration = Duration::from_secs(10);
+/// Time between requested deep dives.
+const DEEP_DIVE_EVERY: Duration = Duration::from_secs(600);
+/// Samples before this are the start-up (attach, first fit); the trend is taken after it.
+const SETTLED: Duration = Duration::from_secs(300);
+
+/// One sample of the daemon.
+struct Sample {
+    at_s: f64,
+    rss_mib: f64,
+    fds: usize,
+    threads: u64,
+}
+
+fn sample(pid: u32, at_s: f64) -> Option<Sample> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> Option<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))?
+            .trim()
+            .trim_end_matches(" kB")
+            .parse()
+            .ok()
+    };
+    Some(Sample {
+        at_s,
+        rss_mib: field("VmRSS:")? as f64 / 1024.0,
+        fds: std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count(),
+        threads: field("Threads:")?,
+    })
+}
+
+/// Least-squares slope of `y` over `x`.
+fn slope(points: &[(f64, f64)]) -> f64 {
+    let n = points.len() as f64;
+    let (mx, my) = points
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (x, y)| (a + x / n, b + y / n));
+    let (num, den) = points.iter().fold((0.0, 0.0), |(a, b), (x, y)| {
+        (a + (x - mx) * (y - my), b + (x - mx).powi(2))
+    });
+    num / den.max(f64::MIN_POSITIVE)
+}
+
+pub fn run() -> Result<()> {
+    let state = crate::setup::cache_dir().join("vllm-run/server.json");
+    if !state.exists() {
+        println!("\n(memory soak skipped: no vLLM server; run `cargo xtask vllm up` first)");
+        return Ok(());
+    }
+    let server: serde_json::Value = serde_json::from_slice(&std::fs::read(&state)?)?;
+    let engine = server["engine_pid"].as_u64().context("no engine pid")?;
+    let length = Duration::from_secs(
+        std::env::var("STALLSCOPE_MEMORY_SOAK_S")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(3600),
+    );
+    let dir = std::env::temp_dir().join("stallscope-bench-memory");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let mut load = Command::new(xtask_bin())
+        .args(["vllm", "load", "--concurrency", "8", "--seed", "777"])
+        .arg("--duration")
+        .arg((length + Duration::from_secs(120)).as_secs().to_string())
+        .stdout(Stdio::null())
+        .spawn()?;
+    let result = (|| -> Result<(Vec<Sample>, usize)> {
+        let daemon = start_daemon(&dir, Arm::Full)?;
+        let pid = daemon.0.id();
+        let t = Instant::now();
+        let (mut samples, mut dives) = (Vec::new(), 0);
+        let mut next_dive = DEEP_DIVE_EVERY;
+        while t.elapsed() < length {
+            sleep(SAMPLE);
+            let at = t.elapsed();
+            samples.push(sample(pid, at.as_secs_f64()).context("the daemon is gone")?);
+            if at >= next_dive {
+                next_dive += DEEP_DIVE_EVERY;
+                let body = format!(r#"{{"pid": {engine}, "duration_s": 5}}"#);
+                let r = sys_util::http::request(
+                    9477,
+                    "POST",
+                    "/api/v1/deep-dive",
+                    "",
+                    &body,
+                    Duration::from_secs(30),
+                )?;
+                if r.status != 202 {
+                    bail!("deep dive refused ({}): {}", r.status, r.body);
+                }
+                dives += 1;
+            }
+            if load.try_wait()?.is_some() {
+                bail!("the steady load ended early");
+            }
+        }
+        drop(daemon);
+        Ok((samples, dives))
+    })();
+    let _ = load.kill();
+    let _ = load.wait();
+    let (samples, dives) = result?;
+    report(&samples, dives, length);
+    Ok(())
+}
+
+fn report(samples: &[Sample], dives: usize, length: Duration) {
+    println!("\n## Daemon memory over a long run (cargo xtask bench --only memory)\n");
+    println!(
+        "{:.0} minutes attached to vLLM under `vllm load --concurrency 8`, {dives} requested deep dives; every 5 minutes:\n",
+        length.as_secs_f64() / 60.0
+    );
+    println!("| minute | RSS (MiB) | fds | threads |\n|---|---|---|---|");
+    let mut next = 0.0;
+    for s in samples {
+        if s.at_s >= next {
+            println!(
+                "| {:.0} | {:.1} | {} | {} |",
+                s.at_s / 60.0,
+                s.rss_mib,
+                s.fds,
+                s.threads
+            );
+            next += 300.0;
+        }
+    }
+    let settled: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.at_s >= SETTLED.as_secs_f64())
+        .collect();
+    let (Some(first), Some(last)) = (settled.first(), settled.last()) else {
+        println!("\n(too short to settle: no trend)");
+        return;
+    };
+    let rss: Vec<(f64, f64)> = settled.iter().map(|s| (s.at_s, s.rss_mib)).collect();
+    let max = settled.iter().map(|s| s.rss_mib).fold(0.0, f64::max);
+    // Captures hold their event ring for seconds: the floor of each 10 minutes is what stays.
+    let mut floors: Vec<(f64, f64)> = Vec::new();
+    for s in &settled {
+        let bucket = (s.at_s / 600.0).floor() * 600.0 + 300.0;
+        match floors.last_mut() {
+            Some((at, min)) if *at == bucket => *min = min.min(s.rss_mib),
+            _ => floors.push((bucket, s.rss_mib)),
+        }
+    }
+    let floor_text: Vec<String> = floors.iter().map(|(_, m)| format!("{m:.1}")).collect();
+    println!(
+        "\nafter minute {:.0}: RSS {:.1} MiB -> {:.1} MiB at the end, max {max:.1} MiB, trend {:+.2} MiB per hour; lowest RSS of each 10 minutes {} MiB (trend {:+.2} MiB per hour); fds {} -> {}, threads {} -> {}",
+        SETTLED.as_secs_f64() / 60.0,
+        first.rss_mib,
+        last.rss_mib,
+        slope(&rss) * 3600.0,
+        floor_text.join(", "),
+        if floors.len() > 1 { slope(&floors) * 3600.0 } else { f64::NAN },
+        first.fds,
+        last.fds,
+        first.threads,
+        last.threads
+    );
+}
