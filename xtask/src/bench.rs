@@ -104,7 +104,10 @@ fn per_event_cost() -> Result<()> {
             .map(|p| per_run(p).1);
         for p in programs {
             let (runs, ns) = per_run(p);
-            let above = floor.map_or("?".into(), |f| format!("{:.1}", ns - f));
+            let above = match floor {
+                Some(f) if runs > 0.0 => format!("{:.1}", ns - f),
+                _ => "-".into(),
+            };
             println!(
                 "| {} | {} | {runs} | {ns:.1} | {above} |",
                 p["tracepoint"].as_str().unwrap_or("?"),
