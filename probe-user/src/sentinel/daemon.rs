@@ -53,6 +53,7 @@ fn lease_left(e: &anyhow::Error) -> Option<Duration> {
 
 /// Runs the daemon until SIGINT or SIGTERM.
 pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
+    crate::os::memory::bound_free_heap();
     let features = Features::detect(paths);
     features.require()?;
     let listener = http::bind(cfg.http.listen)?;
