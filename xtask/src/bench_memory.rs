@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::bench_sentinel::{start_daemon, xtask_bin, Arm};
+use crate::bench_sentinel::{fresh_dir, start_daemon, xtask_bin, Arm};
 
 /// Time between samples.
 const SAMPLE: Duration = Duration::from_secs(10);
@@ -74,9 +74,7 @@ pub fn run() -> Result<()> {
             .and_then(|s| s.parse().ok())
             .unwrap_or(3600),
     );
-    let dir = std::env::temp_dir().join("stallscope-bench-memory");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
+    let dir = fresh_dir("stallscope-bench-memory")?;
     let mut load = Command::new(xtask_bin())
         .args(["vllm", "load", "--concurrency", "8", "--seed", "777"])
         .arg("--duration")

@@ -17,7 +17,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use crate::bench_sentinel::{
-    cpu_and_rss, mean_ci95, server_log, start_daemon, warm_up, xtask_bin, Arm,
+    cpu_and_rss, fresh_dir, mean_ci95, server_log, start_daemon, warm_up, xtask_bin, Arm,
 };
 
 /// Rounds; each has one window per arm, in rotating order.
@@ -45,9 +45,7 @@ pub fn run() -> Result<()> {
         println!("\n(overhead skipped: no vLLM server; run `cargo xtask vllm up` first)");
         return Ok(());
     };
-    let dir = std::env::temp_dir().join("stallscope-bench-overhead");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
+    let dir = fresh_dir("stallscope-bench-overhead")?;
     warm_up(&dir)?;
 
     let arms = [Arm::Off, Arm::Full, Arm::KernelOnly];

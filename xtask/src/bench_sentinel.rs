@@ -330,6 +330,14 @@ pub(crate) fn server_log() -> Result<Option<PathBuf>> {
     Ok(Some(PathBuf::from(log)))
 }
 
+/// An empty folder `name` in the temporary directory, for one bench's daemons.
+pub(crate) fn fresh_dir(name: &str) -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
 /// Warms the engine up with the daemon attached (state in `dir`) long enough to fit its model
 /// (1,000 decode iterations), which the daemon stores and every later start loads: later
 /// runs' iterations then get verdicts from the first.
@@ -359,9 +367,7 @@ fn vllm_overhead() -> Result<()> {
         println!("\n(vLLM part skipped: no server; run `cargo xtask vllm up` first)");
         return Ok(());
     };
-    let dir = std::env::temp_dir().join("stallscope-bench-sentinel");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
+    let dir = fresh_dir("stallscope-bench-sentinel")?;
     warm_up(&dir)?;
     let arms = [Arm::Off, Arm::Full, Arm::KernelOnly];
     let mut runs: Vec<Vec<RunFigures>> = vec![Vec::new(); arms.len()];
