@@ -16,6 +16,7 @@ pub mod daemon;
 pub mod kubelet;
 pub mod netns;
 pub mod otlp_receiver;
+pub mod proc_events;
 pub mod servers;
 
 /// The stallscope binary (`cargo xtask test` builds it and sets STALLSCOPE_BIN).
