@@ -31,6 +31,30 @@ pub struct ProfileWatch {
     /// follow the spec's attribute path from it.
     #[serde(default)]
     pub param_types: std::collections::BTreeMap<String, String>,
+    /// For an anchor of a pipelined loop (vLLM's batch queue): the phase (`module:qualname`)
+    /// that finishes a batch. An anchor call without it inside only queued work; it opens the
+    /// next iteration instead of being one.
+    #[serde(default)]
+    pub completes_with: Option<String>,
+}
+
+/// An anchor function of a profile: its calls are the engine's iterations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnchorFunc {
+    /// `module:qualname`.
+    pub func: String,
+    /// See [`ProfileWatch::completes_with`].
+    pub completes_with: Option<String>,
+}
+
+impl AnchorFunc {
+    /// An anchor each of whose calls is one iteration.
+    pub fn plain(func: &str) -> Self {
+        Self {
+            func: func.to_string(),
+            completes_with: None,
+        }
+    }
 }
 
 /// The releases a profile was checked against: `tests/profiles.rs` checks every watch against
@@ -106,6 +130,19 @@ pub struct IterationFields {
 }
 
 impl Profile {
+    /// Its anchors. An engine runs one of them (vLLM: `step`, or `step_with_batch_queue` when
+    /// batches overlap), chosen when it starts.
+    pub fn anchors(&self) -> Vec<AnchorFunc> {
+        self.watch
+            .iter()
+            .filter(|w| w.role == Role::Anchor)
+            .map(|w| AnchorFunc {
+                func: w.spec.split('[').next().unwrap_or(&w.spec).to_string(),
+                completes_with: w.completes_with.clone(),
+            })
+            .collect()
+    }
+
     /// The parsed specs with the given roles.
     pub fn specs(&self, roles: &[Role]) -> Result<Vec<(WatchSpec, Role)>> {
         self.watch
@@ -158,16 +195,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn builtin_profiles_parse_and_engines_have_one_anchor() {
+    fn builtin_profiles_parse_and_engines_have_anchors() {
         for p in builtin() {
             let specs = p
                 .specs(&[Role::Anchor, Role::Phase, Role::DeepDive])
                 .unwrap();
-            let anchors = specs.iter().filter(|(_, r)| *r == Role::Anchor).count();
+            let anchors = p.anchors();
             if p.name == "generic" {
                 assert_eq!(specs.len(), 0);
             } else {
-                assert_eq!(anchors, 1, "{}: exactly one anchor", p.name);
+                assert!(!anchors.is_empty(), "{}: an anchor", p.name);
+                // A completing phase is one the profile watches.
+                for c in anchors.iter().filter_map(|a| a.completes_with.as_ref()) {
+                    assert!(
+                        specs.iter().any(|(s, r)| *r == Role::Phase
+                            && format!("{}:{}", s.module, s.qualname) == *c),
+                        "{}: {c} completes an anchor but is not a phase",
+                        p.name
+                    );
+                }
                 assert!(
                     !p.detect_modules.is_empty() && !p.detect_process.is_empty(),
                     "{}",

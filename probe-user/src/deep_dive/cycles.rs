@@ -80,8 +80,16 @@ pub fn anomalous_cycles(
 /// The anchor of the capture: the profile's, or discovered from call statistics.
 pub fn anchor(c: &Collected) -> Option<String> {
     let py = c.python.as_ref()?;
-    if let Some(p) = py.probes.iter().find(|p| p.role == "anchor") {
-        return Some(p.func().to_string());
+    // The profile's anchor the engine runs (vLLM has two; it calls one of them).
+    let anchors: Vec<&str> = py
+        .probes
+        .iter()
+        .filter(|p| p.role == "anchor")
+        .map(|p| p.func())
+        .collect();
+    if let Some(first) = anchors.first() {
+        let called = py.calls.iter().find(|c| anchors.contains(&c.func.as_str()));
+        return Some(called.map_or(*first, |c| c.func.as_str()).to_string());
     }
     let mut by_func: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
     for call in &py.calls {

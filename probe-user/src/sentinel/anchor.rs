@@ -12,7 +12,10 @@ use model::{
     anchor::{discover_in, MAX_CV},
     Iteration,
 };
-use pyframe_tracer::{profiles::IterationFields, Call};
+use pyframe_tracer::{
+    profiles::{AnchorFunc, IterationFields},
+    Call,
+};
 
 use super::iterations::Assembler;
 
@@ -32,14 +35,13 @@ pub enum Anchor {
 }
 
 impl Anchor {
-    /// The profile's anchor `func`, or discovery when there is none.
-    pub fn new(pid: u32, func: Option<String>, fields: IterationFields) -> Anchor {
-        match func {
-            Some(f) => Anchor::Known(Assembler::new(&f, fields)),
-            None => {
-                info!("engine {pid}: no profile anchor; discovering it from call frequency and duration stability over {DISCOVERY_WINDOW:?}");
-                Anchor::discovering(fields)
-            }
+    /// The profile's `anchors`, or discovery when there is none.
+    pub fn new(pid: u32, anchors: Vec<AnchorFunc>, fields: IterationFields) -> Anchor {
+        if anchors.is_empty() {
+            info!("engine {pid}: no profile anchor; discovering it from call frequency and duration stability over {DISCOVERY_WINDOW:?}");
+            Anchor::discovering(fields)
+        } else {
+            Anchor::Known(Assembler::new(anchors, fields))
         }
     }
 
@@ -97,7 +99,7 @@ impl Anchor {
                     s.mean_ns / 1e6,
                     s.cv
                 );
-                Anchor::Known(Assembler::new(&s.func, fields))
+                Anchor::Known(Assembler::new(vec![AnchorFunc::plain(&s.func)], fields))
             }
             None => Anchor::discovering(fields),
         };

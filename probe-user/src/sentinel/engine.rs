@@ -12,7 +12,11 @@ use anyhow::{Context, Result};
 use log::{info, warn};
 use model::{Iteration, Sentinel};
 use pod_identity::Identity;
-use pyframe_tracer::{profiles, ring::Record, AttachOptions, Call, Framework, Session};
+use pyframe_tracer::{
+    profiles::{self, AnchorFunc},
+    ring::Record,
+    AttachOptions, Call, Framework, Session,
+};
 
 use super::{
     alert_book::AlertBook, anchor::Anchor, gpu_figures::GpuFigures, lost_records::LostRecords,
@@ -86,17 +90,27 @@ impl Engine {
             .framework
             .clone()
             .unwrap_or_else(|| "generic".to_string());
-        let fields = profiles::by_name(&framework)
-            .map(|p| p.iteration)
+        let profile = profiles::by_name(&framework).ok();
+        let fields = profile
+            .as_ref()
+            .map(|p| p.iteration.clone())
             .unwrap_or_default();
-        let anchor_func = session
+        // The attached anchors, with what the profile says of each.
+        let anchors: Vec<AnchorFunc> = session
             .probes
             .iter()
-            .find(|p| p.role == "anchor")
-            .map(|p| p.func().to_string());
-        session.ring_after(anchor_func.as_deref());
-        let bell_after = anchor_func.clone();
-        let anchor = Anchor::new(pid, anchor_func, fields);
+            .filter(|p| p.role == "anchor")
+            .map(|p| {
+                profile
+                    .iter()
+                    .flat_map(|prof| prof.anchors())
+                    .find(|a| a.func == p.func())
+                    .unwrap_or_else(|| AnchorFunc::plain(p.func()))
+            })
+            .collect();
+        let anchor = Anchor::new(pid, anchors, fields);
+        let bell_after = anchor.func().map(str::to_string);
+        session.ring_after(bell_after.as_deref());
         let (models, fingerprint, baseline) = ModelStore::open(state_dir, pid, &framework);
         let labels = ProcessLabels::new(pid, &identity);
         info!(

@@ -2,6 +2,10 @@
 //! function, with the workload fields of the anchor and of the phases that ran inside it on
 //! the same thread. Records of one thread arrive in exit order (one ring lane per thread), so
 //! an iteration's phases always come before its anchor.
+//!
+//! A pipelined loop (vLLM's batch queue) has anchor calls that only queue a batch: with
+//! [`AnchorFunc::completes_with`], such a call is not an iteration; its start opens the one
+//! that finishes the next batch.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -9,14 +13,22 @@ use model::{
     stage::{StageClassifier, StageHints},
     Iteration, Stage, Workload,
 };
-use pyframe_tracer::{profiles::IterationFields, session::Call};
+use pyframe_tracer::{
+    profiles::{AnchorFunc, IterationFields},
+    session::Call,
+};
 
 /// Turns calls into iterations.
 pub struct Assembler {
-    anchor: String,
+    /// The profile's anchors; an engine runs one of them.
+    anchors: Vec<AnchorFunc>,
+    /// The anchor whose calls last made an iteration (the first until one does).
+    current: usize,
     fields: IterationFields,
     /// Phase calls per thread, waiting for their anchor.
     pending: HashMap<u64, Vec<Call>>,
+    /// Per thread, the start of anchor calls that queued work without finishing any.
+    opened: HashMap<u64, u64>,
     stages: StageClassifier,
 }
 
@@ -25,26 +37,30 @@ pub struct Assembler {
 const IDLE_GAP_NS: u64 = 200_000_000;
 
 impl Assembler {
-    /// Iterations of `anchor` (`module:qualname`), workload named by `fields`.
-    pub fn new(anchor: &str, fields: IterationFields) -> Self {
+    /// Iterations of `anchors` (at least one), workload named by `fields`.
+    pub fn new(anchors: Vec<AnchorFunc>, fields: IterationFields) -> Self {
+        assert!(!anchors.is_empty(), "an assembler needs an anchor");
         Self {
-            anchor: anchor.to_string(),
+            anchors,
+            current: 0,
             fields,
             pending: HashMap::new(),
+            opened: HashMap::new(),
             stages: StageClassifier::new(IDLE_GAP_NS),
         }
     }
 
-    /// The anchor function.
+    /// The anchor function the engine runs (the first of the profile's until one made an
+    /// iteration).
     pub fn anchor(&self) -> &str {
-        &self.anchor
+        &self.anchors[self.current].func
     }
 
     /// Feeds one call; returns the iteration it completes, if it is an anchor call that did
     /// work (with `require_batch`, an anchor call without a batch is the engine loop running
-    /// idle, not an iteration).
+    /// idle, not an iteration) and, for a pipelined anchor, finished a batch.
     pub fn push(&mut self, call: Call) -> Option<Iteration> {
-        if call.func != self.anchor {
+        let Some(which) = self.anchors.iter().position(|a| a.func == call.func) else {
             let lane = self.pending.entry(call.tid).or_default();
             lane.push(call);
             // Bound the buffer of a thread that never runs the anchor.
@@ -52,14 +68,20 @@ impl Assembler {
                 lane.drain(..2048);
             }
             return None;
-        }
+        };
         let phases = self.pending.remove(&call.tid).unwrap_or_default();
-        // Fields of the anchor, then of its phases (a phase wins over the anchor).
-        let mut fields: BTreeMap<String, i64> = call.args.clone();
-        for p in phases
+        let inside: Vec<&Call> = phases
             .iter()
             .filter(|p| p.start_ns >= call.start_ns && p.end_ns <= call.end_ns)
-        {
+            .collect();
+        let start_ns = self
+            .opened
+            .remove(&call.tid)
+            .unwrap_or(call.start_ns)
+            .min(call.start_ns);
+        // Fields of the anchor, then of its phases (a phase wins over the anchor).
+        let mut fields: BTreeMap<String, i64> = call.args.clone();
+        for p in &inside {
             fields.extend(p.args.iter().map(|(k, v)| (k.clone(), *v)));
         }
         let get = |name: &Option<String>| name.as_ref().and_then(|n| fields.get(n)).copied();
@@ -67,6 +89,13 @@ impl Assembler {
         if self.fields.require_batch && batch.is_none_or(|b| b <= 0) {
             return None;
         }
+        if let Some(done) = &self.anchors[which].completes_with {
+            if !inside.iter().any(|p| p.func == *done) {
+                self.opened.insert(call.tid, start_ns);
+                return None;
+            }
+        }
+        self.current = which;
         let tokens = get(&self.fields.tokens);
         let mode = get(&self.fields.mode).and_then(|m| {
             if self.fields.decode_modes.contains(&m) {
@@ -85,7 +114,7 @@ impl Assembler {
             new_requests: get(&self.fields.new_requests),
             mode,
         };
-        let stage = self.stages.classify(&hints, call.start_ns, call.end_ns);
+        let stage = self.stages.classify(&hints, start_ns, call.end_ns);
         let b = batch.unwrap_or(1).max(1) as f64;
         let t = tokens.map_or(b, |t| t as f64);
         let context = get(&self.fields.context_tokens).map(|c| {
@@ -97,7 +126,7 @@ impl Assembler {
                 }
         });
         Some(Iteration {
-            start_ns: call.start_ns,
+            start_ns,
             end_ns: call.end_ns,
             stage,
             // The live engine exposes the batch's total KV context, not prompt and generated
@@ -130,7 +159,7 @@ mod tests {
 
     fn vllm() -> Assembler {
         let p = pyframe_tracer::profiles::by_name("vllm").unwrap();
-        Assembler::new("vllm.v1.engine.core:EngineCore.step", p.iteration)
+        Assembler::new(p.anchors(), p.iteration)
     }
 
     #[test]
@@ -179,5 +208,53 @@ mod tests {
             .push(call("vllm.v1.engine.core:EngineCore.step", 30, 40, &[]))
             .unwrap();
         assert_eq!(it.stage, Stage::Prefill);
+    }
+
+    /// vLLM's batch queue with two batches in flight: the first call only queues B1; each
+    /// later one queues the next batch and finishes the oldest. Iterations are the calls that
+    /// finished a batch, the first one from the queueing call's start, each with the finished
+    /// batch's workload.
+    #[test]
+    fn a_batch_queue_call_that_only_queued_opens_the_next_iteration() {
+        const BQ: &str = "vllm.v1.engine.core:EngineCore.step_with_batch_queue";
+        const EXEC: &str = "x:MultiprocExecutor.execute_model";
+        const DONE: &str = "vllm.v1.core.sched.scheduler:Scheduler.update_from_output";
+        let mut a = vllm();
+        let batch = |n: i64| [("batch", n), ("tokens", n), ("kv_tokens", 100 * n)];
+        let mut got = Vec::new();
+        let calls = [
+            // (call, phases inside it)
+            ((10, 12), vec![(EXEC, 11, 12, batch(2))]),
+            (
+                (12, 40),
+                vec![(EXEC, 13, 14, batch(3)), (DONE, 38, 39, batch(2))],
+            ),
+            (
+                (40, 70),
+                vec![(EXEC, 41, 42, batch(4)), (DONE, 68, 69, batch(3))],
+            ),
+            // The queue empties: the last batch finishes, nothing new is queued.
+            ((70, 95), vec![(DONE, 93, 94, batch(4))]),
+            // Idle: no batch anywhere.
+            ((95, 96), vec![]),
+        ];
+        for ((start, end), phases) in calls {
+            for (f, s, e, args) in phases {
+                assert!(a.push(call(f, s, e, &args)).is_none());
+            }
+            got.extend(a.push(call(BQ, start, end, &[])));
+        }
+        let spans: Vec<_> = got
+            .iter()
+            .map(|i| (i.start_ns, i.end_ns, i.workload.batch))
+            .collect();
+        assert_eq!(spans, [(10, 40, 2.0), (40, 70, 3.0), (70, 95, 4.0)]);
+        assert_eq!(a.anchor(), BQ);
+        // `step` still makes an iteration of each call.
+        a.push(call(EXEC, 101, 102, &batch(1)));
+        let it = a
+            .push(call("vllm.v1.engine.core:EngineCore.step", 100, 110, &[]))
+            .unwrap();
+        assert_eq!((it.start_ns, it.end_ns), (100, 110));
     }
 }
