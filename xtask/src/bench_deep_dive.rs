@@ -42,12 +42,10 @@ fn load(port: u16, seed: usize) -> Result<f64> {
 }
 
 pub fn run() -> Result<()> {
-    let state = crate::setup::cache_dir().join("vllm-run/server.json");
-    let Ok(server) = std::fs::read_to_string(&state) else {
+    let Some(server) = crate::bench_sentinel::server_state()? else {
         println!("\n(deep-dive bench skipped: no server; run `cargo xtask vllm up` first)");
         return Ok(());
     };
-    let server: Value = serde_json::from_str(&server)?;
     let (engine, api) = (
         server["engine_pid"].as_u64().context("engine_pid")?,
         server["port"].as_u64().unwrap_or(8000) as u16,

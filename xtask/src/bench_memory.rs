@@ -61,12 +61,10 @@ fn slope(points: &[(f64, f64)]) -> f64 {
 }
 
 pub fn run() -> Result<()> {
-    let state = crate::setup::cache_dir().join("vllm-run/server.json");
-    if !state.exists() {
+    let Some(server) = crate::bench_sentinel::server_state()? else {
         println!("\n(memory soak skipped: no vLLM server; run `cargo xtask vllm up` first)");
         return Ok(());
-    }
-    let server: serde_json::Value = serde_json::from_slice(&std::fs::read(&state)?)?;
+    };
     let engine = server["engine_pid"].as_u64().context("no engine pid")?;
     let length = Duration::from_secs(
         std::env::var("STALLSCOPE_MEMORY_SOAK_S")

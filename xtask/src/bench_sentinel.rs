@@ -169,17 +169,24 @@ impl Arm {
 /// its Python probes attached (the engine's main thread takes them at its next step, so a
 /// short load brings them in) or, kernel plane only, its processes watched.
 pub(crate) fn start_daemon(dir: &std::path::Path, arm: Arm) -> Result<Daemon> {
-    let log_path = dir.join(format!("daemon-{}.log", arm.name().replace(' ', "-")));
+    let config = match arm {
+        Arm::KernelOnly => "[sentinel]\nengine_patterns = [\"stallscope-bench: no such engine\"]\n",
+        Arm::Off | Arm::Full => "",
+    };
+    start_daemon_with(dir, arm, config)
+}
+
+/// [`start_daemon`] with `config` (TOML) laid over the daemon's default.
+pub(crate) fn start_daemon_with(dir: &std::path::Path, arm: Arm, config: &str) -> Result<Daemon> {
+    let name = arm.name().replace(' ', "-");
+    let log_path = dir.join(format!("daemon-{name}.log"));
     let log = std::fs::File::create(&log_path)?;
     let mut cmd = Command::new(crate::stallscope_bin());
     cmd.args(["run", "--listen", "127.0.0.1:9477", "--state-dir"])
-        .arg(dir.join(arm.name().replace(' ', "-")));
-    if arm == Arm::KernelOnly {
-        let cfg = dir.join("kernel-only.toml");
-        std::fs::write(
-            &cfg,
-            "[sentinel]\nengine_patterns = [\"stallscope-bench: no such engine\"]\n",
-        )?;
+        .arg(dir.join(&name));
+    if !config.is_empty() {
+        let cfg = dir.join(format!("{name}.toml"));
+        std::fs::write(&cfg, config)?;
         cmd.arg("--config").arg(cfg);
     }
     let d = Daemon(cmd.stderr(log).spawn()?);
@@ -315,15 +322,20 @@ pub(crate) fn mean_ci95(v: &[f64]) -> (f64, f64) {
     (mean, t * (var / n).sqrt())
 }
 
-/// The log of the server `cargo xtask vllm up` started; None when there is none.
-pub(crate) fn server_log() -> Result<Option<PathBuf>> {
-    let state =
-        std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-            .join(".cache/stallscope/vllm-run/server.json");
+/// What `cargo xtask vllm up` recorded of the server it started; None when there is none.
+pub(crate) fn server_state() -> Result<Option<serde_json::Value>> {
+    let state = crate::setup::cache_dir().join("vllm-run/server.json");
     if !state.exists() {
         return Ok(None);
     }
-    let server: serde_json::Value = serde_json::from_slice(&std::fs::read(&state)?)?;
+    Ok(Some(serde_json::from_slice(&std::fs::read(&state)?)?))
+}
+
+/// The log of the server `cargo xtask vllm up` started; None when there is none.
+pub(crate) fn server_log() -> Result<Option<PathBuf>> {
+    let Some(server) = server_state()? else {
+        return Ok(None);
+    };
     let log = server["log"]
         .as_str()
         .context("no log in the server's state")?;

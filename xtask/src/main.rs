@@ -4,6 +4,7 @@
 //! outside the checkout (`$STALLSCOPE_CACHE`, default `~/.cache/stallscope`).
 
 mod bench;
+mod bench_batch_queue;
 mod bench_deep_dive;
 mod bench_folds;
 mod bench_memory;
@@ -52,9 +53,11 @@ enum Task {
     /// Run the benchmarks and print a Markdown report (see BENCHMARKS.md).
     Bench {
         /// Only this part: `kernel`, `python`, `sentinel`, `overhead`, `memory` (an hour),
-        /// `trace`, `deep-dive` or `fuzz` (default: all; the sentinel's vLLM part, `overhead`,
-        /// `memory` and `deep-dive` need `cargo xtask vllm up` first).
-        #[arg(long, value_parser = ["kernel", "python", "sentinel", "overhead", "memory", "trace", "deep-dive", "fuzz"])]
+        /// `trace`, `deep-dive`, `batch-queue` or `fuzz` (default: all; the sentinel's vLLM
+        /// part, `overhead`, `memory` and `deep-dive` need `cargo xtask vllm up` first,
+        /// `batch-queue` `cargo xtask vllm up --pipeline-parallel 2`, and each is skipped
+        /// without its server).
+        #[arg(long, value_parser = ["kernel", "python", "sentinel", "overhead", "memory", "trace", "deep-dive", "batch-queue", "fuzz"])]
         only: Option<String>,
         /// Seconds per fuzz target in the `fuzz` part.
         #[arg(long, default_value_t = 1800)]
@@ -161,6 +164,9 @@ fn main() -> Result<()> {
             }
             if part("memory") {
                 bench_memory::run()?;
+            }
+            if part("batch-queue") {
+                bench_batch_queue::run()?;
             }
             if part("trace") {
                 bench_trace::run()?;
@@ -270,7 +276,7 @@ const CI_FUZZ_SECONDS: u64 = 15;
 /// finds engines), runs each test with the server's JSON in STALLSCOPE_VLLM, and stops the
 /// server whatever the outcome.
 fn vllm_end_to_end() -> Result<()> {
-    let server = vllm::up(8000, None, None, true)?;
+    let server = vllm::up(8000, None, None, true, 1)?;
     let result = VLLM_TESTS.iter().try_for_each(|test| {
         let before = leaks::snapshot();
         run_checked(

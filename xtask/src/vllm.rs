@@ -72,6 +72,11 @@ pub enum Vllm {
         /// UTS namespaces, private /dev/shm and /tmp, a kubelet-shaped cgroup (host network).
         #[arg(long)]
         isolated: bool,
+        /// Split the model's layers over this many worker processes (vLLM's
+        /// `--pipeline-parallel-size`). Above 1 the engine core keeps that many batches in
+        /// flight and loops on `EngineCore.step_with_batch_queue` instead of `step`.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4))]
+        pipeline_parallel: u32,
     },
     /// Send a bounded stream of /v1/completions requests and print a one-line JSON summary;
     /// fails if any request failed.
@@ -114,6 +119,7 @@ pub fn run(cmd: Vllm) -> Result<()> {
             dtype,
             size,
             isolated,
+            pipeline_parallel,
         } => {
             println!(
                 "{}",
@@ -121,7 +127,8 @@ pub fn run(cmd: Vllm) -> Result<()> {
                     port,
                     dtype.as_deref(),
                     size.as_deref().and_then(Size::named),
-                    isolated
+                    isolated,
+                    pipeline_parallel
                 )?
             );
             Ok(())
@@ -337,6 +344,8 @@ struct Server {
     sizing: serde_json::Value,
     /// The pod it runs in (`--isolated`).
     pod: Option<Pod>,
+    /// Its pipeline-parallel size (`--pipeline-parallel`).
+    pipeline_parallel: u32,
 }
 
 impl Server {
@@ -366,6 +375,7 @@ impl Server {
             model_dir: PathBuf::from(v["model_dir"].as_str().unwrap_or_default()),
             sizing: v["sizing"].clone(),
             pod: pod_from_json(&v["pod"]),
+            pipeline_parallel: v["pipeline_parallel"].as_u64().map_or(1, |n| n as u32),
         }))
     }
 
@@ -378,6 +388,7 @@ impl Server {
             "model_dir": self.model_dir,
             "sizing": self.sizing,
             "pod": self.pod.as_ref().map(pod_to_json),
+            "pipeline_parallel": self.pipeline_parallel,
         })
         .to_string()
     }
@@ -491,7 +502,13 @@ fn log_tail(log: &Path) -> String {
 /// `cargo xtask vllm up`.
 /// Brings the server up (or finds it running) and returns its JSON line. `dtype` and `size`
 /// override the choices described at [`Vllm::Up`].
-pub fn up(port: u16, dtype: Option<&str>, size: Option<Size>, isolated: bool) -> Result<String> {
+pub fn up(
+    port: u16,
+    dtype: Option<&str>,
+    size: Option<Size>,
+    isolated: bool,
+    pipeline_parallel: u32,
+) -> Result<String> {
     if let Some(server) = Server::load()? {
         if !server.processes().is_empty() {
             if server.port != port {
@@ -509,6 +526,13 @@ pub fn up(port: u16, dtype: Option<&str>, size: Option<Size>, isolated: bool) ->
                     } else {
                         " in a pod"
                     },
+                    server.api_pid
+                );
+            }
+            if server.pipeline_parallel != pipeline_parallel {
+                bail!(
+                    "a vLLM server is already running with pipeline-parallel size {} (pid {}): run cargo xtask vllm down first",
+                    server.pipeline_parallel,
                     server.api_pid
                 );
             }
@@ -548,7 +572,14 @@ pub fn up(port: u16, dtype: Option<&str>, size: Option<Size>, isolated: bool) ->
                 path.display()
             );
         }
-        let mut server = match start(&python, &model, port, dtype, pod.as_ref()) {
+        let mut server = match start(
+            &python,
+            &model,
+            port,
+            dtype,
+            pod.as_ref(),
+            pipeline_parallel,
+        ) {
             Ok(s) => s,
             Err(e) => {
                 if let Some(p) = &pod {
@@ -612,7 +643,8 @@ pub fn up(port: u16, dtype: Option<&str>, size: Option<Size>, isolated: bool) ->
             "measured": measured,
         });
         server.save()?;
-        if size.is_none() {
+        // The size chosen for the usual server: a pipelined one's step differs.
+        if size.is_none() && pipeline_parallel == 1 {
             chosen.save(serve)?;
         }
         return Ok(server.to_json());
@@ -684,7 +716,14 @@ fn measure_step(python: &Path, server: &Server) -> Result<f64> {
 }
 
 /// Starts the server on `model` in `dtype` (in `pod`, if given) and waits until it answers.
-fn start(python: &Path, model: &Path, port: u16, dtype: &str, pod: Option<&Pod>) -> Result<Server> {
+fn start(
+    python: &Path,
+    model: &Path,
+    port: u16,
+    dtype: &str,
+    pod: Option<&Pod>,
+    pipeline_parallel: u32,
+) -> Result<Server> {
     if http_status(port, "/").is_some() {
         bail!("port {port} is already in use by another server");
     }
@@ -710,6 +749,7 @@ fn start(python: &Path, model: &Path, port: u16, dtype: &str, pod: Option<&Pod>)
             "32",
         ])
         .args(["--dtype", dtype, "--enable-logging-iteration-details"])
+        .args(["--pipeline-parallel-size", &pipeline_parallel.to_string()])
         // GiB of KV cache (vllm/envs.py).
         .env("VLLM_CPU_KVCACHE_SPACE", "1")
         .env("VLLM_NO_USAGE_STATS", "1")
@@ -744,6 +784,7 @@ fn start(python: &Path, model: &Path, port: u16, dtype: &str, pod: Option<&Pod>)
         model_dir: model.to_path_buf(),
         sizing: serde_json::Value::Null,
         pod: pod.cloned(),
+        pipeline_parallel,
     })
 }
 
