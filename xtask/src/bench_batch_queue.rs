@@ -53,13 +53,18 @@ pub fn run() -> Result<()> {
     )?;
     sleep(SETTLE);
     let (log_from, csv_from) = (logged(log)?.len(), exported(&csv)?.len());
+    let load_log = dir.join("load.log");
     let load = Command::new(xtask_bin())
         .args(["vllm", "load", "--requests", REQUESTS, "--concurrency", "8"])
         .args(["--seed", "31"])
         .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&load_log)?)
         .status()?;
     if !load.success() {
-        bail!("the load failed");
+        bail!(
+            "the load failed: {}",
+            std::fs::read_to_string(&load_log).unwrap_or_default()
+        );
     }
     sleep(SETTLE);
     let vllm = logged(log)?.split_off(log_from);

