@@ -275,8 +275,8 @@ fn realtime<T>(f: impl FnOnce() -> T) -> T {
 /// thread go, the engine must keep stepping, and the probe so installed must remove itself at
 /// lease end. The kernel's ptrace events time the attach and the detach: a kill counts only
 /// when the detach came after the daemon was dead and reaped (the call can end before that;
-/// then the test tries again). `cargo xtask test` kills 3 times; `STALLSCOPE_CHAOS_TRACED_KILLS` sets
-/// the count.
+/// then the test tries again). `cargo xtask test` kills 3 times;
+/// `STALLSCOPE_CHAOS_TRACED_KILLS` sets the count.
 #[test]
 fn a_daemon_killed_mid_remote_call_leaves_the_engine_stepping() {
     require_root();

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::watch_spec::WatchSpec;
+use crate::watch_spec::{func_of, WatchSpec};
 
 /// What a watched function means for the engine's loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -137,7 +137,7 @@ impl Profile {
             .iter()
             .filter(|w| w.role == Role::Anchor)
             .map(|w| AnchorFunc {
-                func: w.spec.split('[').next().unwrap_or(&w.spec).to_string(),
+                func: func_of(&w.spec).to_string(),
                 completes_with: w.completes_with.clone(),
             })
             .collect()
@@ -208,8 +208,9 @@ mod tests {
                 // A completing phase is one the profile watches.
                 for c in anchors.iter().filter_map(|a| a.completes_with.as_ref()) {
                     assert!(
-                        specs.iter().any(|(s, r)| *r == Role::Phase
-                            && format!("{}:{}", s.module, s.qualname) == *c),
+                        p.watch
+                            .iter()
+                            .any(|w| w.role == Role::Phase && func_of(&w.spec) == c),
                         "{}: {c} completes an anchor but is not a phase",
                         p.name
                     );

@@ -87,7 +87,7 @@ pub struct ProbeInfo {
 impl ProbeInfo {
     /// The watched function, `module:qualname` (the spec without its field list).
     pub fn func(&self) -> &str {
-        self.spec.split('[').next().unwrap_or(&self.spec)
+        crate::watch_spec::func_of(&self.spec)
     }
 }
 

@@ -44,6 +44,11 @@ pub struct WatchSpec {
     pub fields: Vec<Field>,
 }
 
+/// The function a spec watches, `module:qualname` (the spec without its field list).
+pub fn func_of(spec: &str) -> &str {
+    spec.split('[').next().unwrap_or(spec)
+}
+
 impl std::str::FromStr for WatchSpec {
     type Err = Error;
 

@@ -96,15 +96,16 @@ impl Engine {
             .map(|p| p.iteration.clone())
             .unwrap_or_default();
         // The attached anchors, with what the profile says of each.
+        let known = profile.as_ref().map(|p| p.anchors()).unwrap_or_default();
         let anchors: Vec<AnchorFunc> = session
             .probes
             .iter()
             .filter(|p| p.role == "anchor")
             .map(|p| {
-                profile
+                known
                     .iter()
-                    .flat_map(|prof| prof.anchors())
                     .find(|a| a.func == p.func())
+                    .cloned()
                     .unwrap_or_else(|| AnchorFunc::plain(p.func()))
             })
             .collect();
