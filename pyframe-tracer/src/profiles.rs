@@ -36,6 +36,13 @@ pub struct ProfileWatch {
     /// next iteration instead of being one.
     #[serde(default)]
     pub completes_with: Option<String>,
+    /// For an anchor that launches a batch whose result a later call on the same thread
+    /// processes (SGLang: `run_batch`, then `process_batch_result`; its overlap loop processes
+    /// a batch's result after launching the next batch): that phase (`module:qualname`). An
+    /// iteration then runs from the anchor call's start to the end of the call that processed
+    /// its batch, calls paired in order.
+    #[serde(default)]
+    pub closed_by: Option<String>,
 }
 
 /// An anchor function of a profile: its calls are the engine's iterations.
@@ -45,6 +52,8 @@ pub struct AnchorFunc {
     pub func: String,
     /// See [`ProfileWatch::completes_with`].
     pub completes_with: Option<String>,
+    /// See [`ProfileWatch::closed_by`].
+    pub closed_by: Option<String>,
 }
 
 impl AnchorFunc {
@@ -53,6 +62,7 @@ impl AnchorFunc {
         Self {
             func: func.to_string(),
             completes_with: None,
+            closed_by: None,
         }
     }
 }
@@ -139,6 +149,7 @@ impl Profile {
             .map(|w| AnchorFunc {
                 func: func_of(&w.spec).to_string(),
                 completes_with: w.completes_with.clone(),
+                closed_by: w.closed_by.clone(),
             })
             .collect()
     }
@@ -205,13 +216,16 @@ mod tests {
                 assert_eq!(specs.len(), 0);
             } else {
                 assert!(!anchors.is_empty(), "{}: an anchor", p.name);
-                // A completing phase is one the profile watches.
-                for c in anchors.iter().filter_map(|a| a.completes_with.as_ref()) {
+                // A completing or closing phase is one the profile watches.
+                let ends = anchors
+                    .iter()
+                    .flat_map(|a| [a.completes_with.as_ref(), a.closed_by.as_ref()]);
+                for c in ends.flatten() {
                     assert!(
                         p.watch
                             .iter()
                             .any(|w| w.role == Role::Phase && func_of(&w.spec) == c),
-                        "{}: {c} completes an anchor but is not a phase",
+                        "{}: {c} ends an anchor's iterations but is not a phase",
                         p.name
                     );
                 }

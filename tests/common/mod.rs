@@ -18,6 +18,7 @@ pub mod netns;
 pub mod otlp_receiver;
 pub mod proc_events;
 pub mod servers;
+pub mod vllm;
 
 /// The stallscope binary (`cargo xtask test` builds it and sets STALLSCOPE_BIN).
 pub fn stallscope() -> Command {

@@ -264,33 +264,47 @@ fn integration_tests() -> Result<Vec<(String, String)>> {
     Ok(tests)
 }
 
-/// The tests that need a vLLM server, in the order [`vllm_end_to_end`] runs them.
-const VLLM_TESTS: [&str; 2] = ["sentinel_vllm", "fleet"];
+/// The tests that need a vLLM server, by the pipeline-parallel size of the server each needs,
+/// in the order [`vllm_end_to_end`] runs them.
+const VLLM_TESTS: [(u32, &[&str]); 2] =
+    [(1, &["sentinel_vllm", "fleet"]), (2, &["batch_queue_vllm"])];
 
 /// Seconds each fuzz target runs in `cargo xtask test`.
 const CI_FUZZ_SECONDS: u64 = 15;
 
-/// The tests that need a real vLLM server, run against one bring-up: the sentinel's end-to-end
-/// test (tests/sentinel_vllm.rs, about 15 minutes), then the serving group with vLLM as one of
-/// its nodes (tests/fleet.rs). Brings the server up in a pod (`--isolated`, as a DaemonSet
-/// finds engines), runs each test with the server's JSON in STALLSCOPE_VLLM, and stops the
-/// server whatever the outcome.
+/// The tests that need a real vLLM server: the sentinel's end-to-end test
+/// (tests/sentinel_vllm.rs, about 15 minutes) and the serving group with vLLM as one of its
+/// nodes (tests/fleet.rs) against one bring-up in a pod (`--isolated`, as a DaemonSet finds
+/// engines); then the batch-queue loop (tests/batch_queue_vllm.rs, a few minutes) against a
+/// second, pipelined one. Runs each test with its server's JSON in STALLSCOPE_VLLM, and stops
+/// each server whatever the outcome.
 fn vllm_end_to_end() -> Result<()> {
-    let server = vllm::up(8000, None, None, true, 1)?;
-    let result = VLLM_TESTS.iter().try_for_each(|test| {
-        let before = leaks::snapshot();
-        run_checked(
-            Command::new(env!("CARGO"))
-                .args(["test", "--release", "--test", test, "--", "--nocapture"])
-                .current_dir(root())
-                .env("STALLSCOPE_BIN", stallscope_bin())
-                .env("STALLSCOPE_XTASK", root().join("target/release/xtask"))
-                .env("STALLSCOPE_VLLM", &server),
-        )?;
-        leaks::check(&before, &format!("test binary {test}"))
-    });
-    let down = vllm::down();
-    result.and(down)
+    VLLM_TESTS
+        .iter()
+        .try_for_each(|&(pipeline_parallel, tests)| {
+            let server = vllm::up(8000, None, None, pipeline_parallel == 1, pipeline_parallel)?;
+            let result = tests
+                .iter()
+                .try_for_each(|test| vllm_test(test, &server, &[]));
+            let down = vllm::down();
+            result.and(down)
+        })
+}
+
+/// Runs test binary `test` against the vLLM server whose JSON is `server`, with `env` too,
+/// and checks that it leaves nothing behind.
+pub fn vllm_test(test: &str, server: &str, env: &[(&str, &str)]) -> Result<()> {
+    let before = leaks::snapshot();
+    run_checked(
+        Command::new(env!("CARGO"))
+            .args(["test", "--release", "--test", test, "--", "--nocapture"])
+            .current_dir(root())
+            .env("STALLSCOPE_BIN", stallscope_bin())
+            .env("STALLSCOPE_XTASK", root().join("target/release/xtask"))
+            .env("STALLSCOPE_VLLM", server)
+            .envs(env.iter().copied()),
+    )?;
+    leaks::check(&before, &format!("test binary {test}"))
 }
 
 /// The workspace root.

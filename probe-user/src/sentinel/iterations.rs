@@ -6,8 +6,14 @@
 //! A pipelined loop (vLLM's batch queue) has anchor calls that only queue a batch: with
 //! [`AnchorFunc::completes_with`], such a call is not an iteration; its start opens the one
 //! that finishes the next batch.
+//!
+//! A loop that launches a batch in one call and processes its result in a later one (SGLang's
+//! `run_batch`, then `process_batch_result`) has anchor calls that each launch a batch: with
+//! [`AnchorFunc::closed_by`], the iteration runs from the launch to the end of the call that
+//! processed the batch, paired in order per thread (SGLang's overlap loop processes a batch
+//! after launching the next one, so its iterations overlap in time).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use model::{
     stage::{StageClassifier, StageHints},
@@ -29,8 +35,21 @@ pub struct Assembler {
     pending: HashMap<u64, Vec<Call>>,
     /// Per thread, the start of anchor calls that queued work without finishing any.
     opened: HashMap<u64, u64>,
+    /// Per thread, the batches launched by an anchor with `closed_by`, oldest first.
+    launched: HashMap<u64, VecDeque<Launched>>,
     stages: StageClassifier,
 }
+
+/// A batch an anchor call launched, waiting for the call that processes its result.
+struct Launched {
+    anchor: usize,
+    start_ns: u64,
+    fields: BTreeMap<String, i64>,
+}
+
+/// Batches in flight per thread beyond which the oldest is dropped (SGLang's overlap loop has
+/// two): a launch whose result processing the probes never see must not grow the queue.
+const MAX_LAUNCHED: usize = 16;
 
 /// An engine idle longer than this before an iteration without workload fields is taken to
 /// have received new requests (a prefill).
@@ -46,6 +65,7 @@ impl Assembler {
             fields,
             pending: HashMap::new(),
             opened: HashMap::new(),
+            launched: HashMap::new(),
             stages: StageClassifier::new(IDLE_GAP_NS),
         }
     }
@@ -60,6 +80,13 @@ impl Assembler {
     /// work (with `require_batch`, an anchor call without a batch is the engine loop running
     /// idle, not an iteration) and, for a pipelined anchor, finished a batch.
     pub fn push(&mut self, call: Call) -> Option<Iteration> {
+        if self
+            .anchors
+            .iter()
+            .any(|a| a.closed_by.as_ref() == Some(&call.func))
+        {
+            return self.close(&call);
+        }
         let Some(which) = self.anchors.iter().position(|a| a.func == call.func) else {
             let lane = self.pending.entry(call.tid).or_default();
             lane.push(call);
@@ -95,7 +122,51 @@ impl Assembler {
                 return None;
             }
         }
+        if self.anchors[which].closed_by.is_some() {
+            let lane = self.launched.entry(call.tid).or_default();
+            lane.push_back(Launched {
+                anchor: which,
+                start_ns,
+                fields,
+            });
+            if lane.len() > MAX_LAUNCHED {
+                lane.pop_front();
+            }
+            return None;
+        }
         self.current = which;
+        Some(self.iteration(start_ns, call.end_ns, &fields))
+    }
+
+    /// The iteration of the batch `call` processed: the oldest launched on its thread whose
+    /// fields agree with the call's (those both read). None when no launch agrees: the batch
+    /// was launched before the probes were installed, and pairing it with the next launch
+    /// would shift every pair after it. Launches older than the one paired are dropped.
+    ///
+    /// A missed launch followed by one with the same workload still pairs one batch early
+    /// until the workload changes; the probes are installed once per attach.
+    fn close(&mut self, call: &Call) -> Option<Iteration> {
+        let lane = self.launched.get_mut(&call.tid)?;
+        let agrees = |l: &Launched| {
+            call.args
+                .iter()
+                .all(|(k, v)| l.fields.get(k).is_none_or(|x| x == v))
+        };
+        let at = lane.iter().position(agrees)?;
+        let l = lane.drain(..=at).next_back()?;
+        self.current = l.anchor;
+        Some(self.iteration(l.start_ns, call.end_ns, &l.fields))
+    }
+
+    /// The iteration from `start_ns` to `end_ns` with the workload in `fields`.
+    fn iteration(
+        &mut self,
+        start_ns: u64,
+        end_ns: u64,
+        fields: &BTreeMap<String, i64>,
+    ) -> Iteration {
+        let get = |name: &Option<String>| name.as_ref().and_then(|n| fields.get(n)).copied();
+        let batch = get(&self.fields.batch);
         let tokens = get(&self.fields.tokens);
         let mode = get(&self.fields.mode).and_then(|m| {
             if self.fields.decode_modes.contains(&m) {
@@ -114,7 +185,7 @@ impl Assembler {
             new_requests: get(&self.fields.new_requests),
             mode,
         };
-        let stage = self.stages.classify(&hints, start_ns, call.end_ns);
+        let stage = self.stages.classify(&hints, start_ns, end_ns);
         let b = batch.unwrap_or(1).max(1) as f64;
         let t = tokens.map_or(b, |t| t as f64);
         let context = get(&self.fields.context_tokens).map(|c| {
@@ -125,9 +196,9 @@ impl Assembler {
                     0.0
                 }
         });
-        Some(Iteration {
+        Iteration {
             start_ns,
-            end_ns: call.end_ns,
+            end_ns,
             stage,
             // The live engine exposes the batch's total KV context, not prompt and generated
             // lengths apart: the mean context goes in input_len, so W_kv = B·(L_in + L_out) is
@@ -138,7 +209,7 @@ impl Assembler {
                 output_len: 0.0,
                 tokens: t,
             },
-        })
+        }
     }
 }
 
@@ -256,5 +327,78 @@ mod tests {
             .push(call("vllm.v1.engine.core:EngineCore.step", 100, 110, &[]))
             .unwrap();
         assert_eq!((it.start_ns, it.end_ns), (100, 110));
+    }
+
+    /// SGLang: `run_batch` launches a batch, `process_batch_result` processes it. The normal
+    /// loop processes each batch right after launching it; the overlap loop launches the next
+    /// batch first. Either way an iteration runs from a batch's launch to the end of its
+    /// processing, with the launch's workload; a processing call whose launch the probes did
+    /// not see is no iteration.
+    #[test]
+    fn a_launched_batch_is_an_iteration_once_its_result_is_processed() {
+        const RUN: &str = "sglang.srt.managers.scheduler:Scheduler.run_batch.__wrapped__";
+        const PROCESS: &str =
+            "sglang.srt.managers.scheduler:Scheduler.process_batch_result.__wrapped__";
+        let p = pyframe_tracer::profiles::by_name("sglang").unwrap();
+        let anchor = p.anchors();
+        assert_eq!(anchor[0].func, RUN);
+        assert_eq!(anchor[0].closed_by.as_deref(), Some(PROCESS));
+        let (prefill, decode) = (1, 2);
+        let batch = |n: i64, mode: i64| vec![("batch", n), ("mode", mode)];
+        // (case, calls (function, start, end, fields), iterations (start, end, batch, stage))
+        type Case<'a> = (
+            &'a str,
+            Vec<(&'a str, u64, u64, Vec<(&'a str, i64)>)>,
+            Vec<(u64, u64, f64, Stage)>,
+        );
+        let table: [Case; 3] = [
+            (
+                "normal loop",
+                vec![
+                    (RUN, 10, 30, batch(2, prefill)),
+                    (PROCESS, 31, 35, batch(2, prefill)),
+                    (RUN, 36, 50, batch(2, decode)),
+                    (PROCESS, 51, 53, batch(2, decode)),
+                ],
+                vec![(10, 35, 2.0, Stage::Prefill), (36, 53, 2.0, Stage::Decode)],
+            ),
+            (
+                "overlap loop",
+                vec![
+                    (RUN, 10, 12, batch(2, prefill)),
+                    (RUN, 13, 15, batch(2, decode)),
+                    (PROCESS, 16, 30, batch(2, prefill)),
+                    (RUN, 31, 33, batch(3, prefill)),
+                    (PROCESS, 34, 45, batch(2, decode)),
+                    (PROCESS, 46, 60, batch(3, prefill)),
+                ],
+                vec![
+                    (10, 30, 2.0, Stage::Prefill),
+                    (13, 45, 2.0, Stage::Decode),
+                    (31, 60, 3.0, Stage::Prefill),
+                ],
+            ),
+            (
+                "attached between a launch and its processing",
+                vec![
+                    // The overlap loop: the batch of 4 was launched before the probes were.
+                    (RUN, 10, 12, batch(5, decode)),
+                    (PROCESS, 13, 20, batch(4, decode)),
+                    (RUN, 21, 23, batch(6, decode)),
+                    (PROCESS, 24, 30, batch(5, decode)),
+                    (PROCESS, 31, 40, batch(6, decode)),
+                ],
+                vec![(10, 30, 5.0, Stage::Decode), (21, 40, 6.0, Stage::Decode)],
+            ),
+        ];
+        for (name, calls, want) in table {
+            let mut a = Assembler::new(p.anchors(), p.iteration.clone());
+            let got: Vec<_> = calls
+                .into_iter()
+                .filter_map(|(f, s, e, args)| a.push(call(f, s, e, &args)))
+                .map(|i| (i.start_ns, i.end_ns, i.workload.batch, i.stage))
+                .collect();
+            assert_eq!(got, want, "{name}");
+        }
     }
 }

