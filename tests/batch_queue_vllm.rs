@@ -24,7 +24,7 @@ use std::{
 use serde_json::Value;
 
 mod common;
-use common::daemon::Daemon;
+use common::daemon::{default_config, Daemon};
 use common::vllm::{parse_export, parse_log, start_step_hog, steps_per_second};
 use common::{free_port, require_root, Proc};
 
@@ -75,41 +75,17 @@ fn batch_queue_iterations_match_vllms_log_and_a_hog_alerts() {
     let csv = dir.join("iterations.csv");
 
     let port = free_port();
-    let default = std::fs::read_to_string(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../probe-user/config/default.toml"),
-    )
-    .unwrap();
-    let replacements = [
-        (
-            "listen = \"127.0.0.1:9464\"".to_string(),
-            format!("listen = \"127.0.0.1:{port}\""),
-        ),
-        (
-            "dir = \"/var/lib/stallscope\"".to_string(),
-            format!("dir = \"{}\"", dir.display()),
-        ),
-        (
-            "iterations_csv = \"\"".to_string(),
-            format!("iterations_csv = \"{}\"", csv.display()),
-        ),
-        (
-            "warmup_samples = 1000".to_string(),
-            format!("warmup_samples = {WARMUP}"),
-        ),
-        // The alert is what this test holds; its deep dive is tests/sentinel_vllm.rs's.
-        (
-            "on_alert = true".to_string(),
-            "on_alert = false".to_string(),
-        ),
-    ];
-    let mut cfg = default;
-    for (from, to) in &replacements {
-        assert!(cfg.contains(from), "the default config changed: {from}");
-        cfg = cfg.replace(from, to);
-    }
-    let cfg_path = dir.join("config.toml");
-    std::fs::write(&cfg_path, cfg).unwrap();
-    let mut daemon = Daemon::start_with(&dir, port, cfg_path);
+    let warmup = format!("warmup_samples = {WARMUP}");
+    let cfg = default_config(
+        &dir,
+        port,
+        &[
+            ("warmup_samples = 1000", &warmup),
+            // The alert is what this test holds; its deep dive is tests/sentinel_vllm.rs's.
+            ("on_alert = true", "on_alert = false"),
+        ],
+    );
+    let mut daemon = Daemon::start_with(&dir, port, cfg);
 
     // An idle engine's main thread waits in a futex and cannot take the probe's attach
     // request: two short requests at a time until the daemon follows the engine.

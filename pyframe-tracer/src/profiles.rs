@@ -154,6 +154,19 @@ impl Profile {
             .collect()
     }
 
+    /// The parallel rank an engine process's title names after the profile's process name
+    /// (SGLang `sglang::scheduler_DP1_TP0` gives `DP1_TP0`, vLLM `VLLM::EngineCore_DP1` gives
+    /// `DP1`); None for a title without one or not of this profile.
+    pub fn rank(&self, cmdline: &str) -> Option<String> {
+        let title = cmdline.split(['\0', ' ']).next()?;
+        self.detect_process
+            .iter()
+            .find_map(|p| title.strip_prefix(p.as_str()))
+            .map(|rest| rest.trim_start_matches('_'))
+            .filter(|rank| !rank.is_empty())
+            .map(str::to_string)
+    }
+
     /// The parsed specs with the given roles.
     pub fn specs(&self, roles: &[Role]) -> Result<Vec<(WatchSpec, Role)>> {
         self.watch
@@ -204,6 +217,26 @@ pub fn by_name(name: &str) -> Result<Profile> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rank_is_read_from_the_process_title() {
+        let (sglang, vllm) = (by_name("sglang").unwrap(), by_name("vllm").unwrap());
+        let table = [
+            (&sglang, "sglang::scheduler_DP0", Some("DP0")),
+            (
+                &sglang,
+                "sglang::scheduler_DP1_PP1_TP3\0",
+                Some("DP1_PP1_TP3"),
+            ),
+            (&sglang, "sglang::scheduler", None),
+            (&sglang, "python -m sglang.launch_server", None),
+            (&vllm, "VLLM::EngineCore_DP1", Some("DP1")),
+            (&vllm, "VLLM::EngineCore", None),
+        ];
+        for (profile, title, rank) in table {
+            assert_eq!(profile.rank(title).as_deref(), rank, "{title}");
+        }
+    }
 
     #[test]
     fn builtin_profiles_parse_and_engines_have_anchors() {

@@ -83,6 +83,41 @@ iterations_csv = "{dir}/iterations.csv"
     path
 }
 
+/// The shipped default configuration (`probe-user/config/default.toml`), its HTTP API on
+/// loopback `port`, its state and iteration export (`iterations.csv`) in `dir`, with `edits`
+/// (a line of the default, its replacement) too; written to `dir/config.toml`.
+pub fn default_config(dir: &Path, port: u16, edits: &[(&str, &str)]) -> PathBuf {
+    let mut cfg = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../probe-user/config/default.toml"),
+    )
+    .unwrap();
+    let ours = [
+        (
+            "listen = \"127.0.0.1:9464\"".to_string(),
+            format!("listen = \"127.0.0.1:{port}\""),
+        ),
+        (
+            "dir = \"/var/lib/stallscope\"".to_string(),
+            format!("dir = \"{}\"", dir.display()),
+        ),
+        (
+            "iterations_csv = \"\"".to_string(),
+            format!(
+                "iterations_csv = \"{}\"",
+                dir.join("iterations.csv").display()
+            ),
+        ),
+    ];
+    let edits = edits.iter().map(|(a, b)| (a.to_string(), b.to_string()));
+    for (from, to) in ours.into_iter().chain(edits) {
+        assert!(cfg.contains(&from), "the default config changed: {from}");
+        cfg = cfg.replace(&from, &to);
+    }
+    let path = dir.join("config.toml");
+    std::fs::write(&path, cfg).unwrap();
+    path
+}
+
 impl Daemon {
     pub fn start(dir: &Path, pid: u32, warmup: usize) -> Daemon {
         let port = free_port();

@@ -1,6 +1,6 @@
-//! A real vLLM server's two records of its iterations, read side by side: the engine's own
-//! iteration log (`--enable-logging-iteration-details`, the server `cargo xtask vllm up`
-//! started) and stallscope's iteration export (`[state] iterations_csv`).
+//! Iteration records read side by side: a real vLLM server's own iteration log
+//! (`--enable-logging-iteration-details`, the server `cargo xtask vllm up` started) and
+//! stallscope's iteration export (`[state] iterations_csv`), which the SGLang test reads too.
 
 use std::path::Path;
 
@@ -50,7 +50,11 @@ pub struct Row {
     pub batch: u64,
     pub tokens: u64,
     pub duration_ms: f64,
+    /// Tokens of KV context the batch's attention reads (the export's mean input length
+    /// times the batch).
+    pub context: f64,
     pub decode: bool,
+    pub prefill: bool,
     /// The second the step ended in.
     pub end_unix_s: u64,
 }
@@ -83,7 +87,9 @@ pub fn parse_export(path: &Path) -> Vec<Row> {
                 batch: num(3)? as u64,
                 tokens: num(8)? as u64,
                 duration_ms: duration_us / 1e3,
+                context: num(4)? * num(3)?,
                 decode: *f.get(9)? == "decode",
+                prefill: *f.get(9)? == "prefill",
                 end_unix_s: ((start_us + duration_us) / 1e6) as u64,
             })
         })

@@ -18,6 +18,7 @@ mod image;
 mod leaks;
 mod portable_agent;
 mod setup;
+mod sglang;
 mod vllm;
 mod vllm_size;
 
@@ -277,7 +278,8 @@ const CI_FUZZ_SECONDS: u64 = 15;
 /// nodes (tests/fleet.rs) against one bring-up in a pod (`--isolated`, as a DaemonSet finds
 /// engines); then the batch-queue loop (tests/batch_queue_vllm.rs, a few minutes) against a
 /// second, pipelined one. Runs each test with its server's JSON in STALLSCOPE_VLLM, and stops
-/// each server whatever the outcome.
+/// each server whatever the outcome. Then SGLang's scheduler (tests/sglang_scheduler.rs),
+/// which runs on the vLLM venv's torch.
 fn vllm_end_to_end() -> Result<()> {
     VLLM_TESTS
         .iter()
@@ -288,12 +290,23 @@ fn vllm_end_to_end() -> Result<()> {
                 .try_for_each(|test| vllm_test(test, &server, &[]));
             let down = vllm::down();
             result.and(down)
-        })
+        })?;
+    let site = sglang::ensure_site()?;
+    test_binary(
+        "sglang_scheduler",
+        &[("STALLSCOPE_SGLANG_SITE", &site.to_string_lossy())],
+    )
 }
 
-/// Runs test binary `test` against the vLLM server whose JSON is `server`, with `env` too,
-/// and checks that it leaves nothing behind.
+/// Runs test binary `test` against the vLLM server whose JSON is `server`, with `env` too.
 pub fn vllm_test(test: &str, server: &str, env: &[(&str, &str)]) -> Result<()> {
+    let mut env = env.to_vec();
+    env.push(("STALLSCOPE_VLLM", server));
+    test_binary(test, &env)
+}
+
+/// Runs test binary `test` with `env`, and checks that it leaves nothing behind.
+fn test_binary(test: &str, env: &[(&str, &str)]) -> Result<()> {
     let before = leaks::snapshot();
     run_checked(
         Command::new(env!("CARGO"))
@@ -301,7 +314,6 @@ pub fn vllm_test(test: &str, server: &str, env: &[(&str, &str)]) -> Result<()> {
             .current_dir(root())
             .env("STALLSCOPE_BIN", stallscope_bin())
             .env("STALLSCOPE_XTASK", root().join("target/release/xtask"))
-            .env("STALLSCOPE_VLLM", server)
             .envs(env.iter().copied()),
     )?;
     leaks::check(&before, &format!("test binary {test}"))

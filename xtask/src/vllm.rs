@@ -223,7 +223,7 @@ pub fn uv(base: &Path) -> Result<PathBuf> {
 }
 
 /// Builds the vLLM venv unless it is current; returns its interpreter.
-fn ensure_venv() -> Result<PathBuf> {
+pub fn ensure_venv() -> Result<PathBuf> {
     let base = pyenv_python(PYTHON)
         .with_context(|| format!("pyenv CPython {PYTHON} is missing: run cargo xtask setup"))?;
     let dir = venv_dir();

@@ -18,6 +18,8 @@ pub struct EngineStatus {
     pub identity: Identity,
     /// Profile applied.
     pub framework: String,
+    /// The parallel rank its process title names (`DP0_TP1`), if any.
+    pub rank: Option<String>,
     /// CPython version.
     pub python: String,
     /// The iteration anchor (`module:qualname`), once known.

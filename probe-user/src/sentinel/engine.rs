@@ -41,6 +41,8 @@ pub struct Engine {
     identity: Identity,
     labels: ProcessLabels,
     framework: String,
+    /// See [`EngineStatus::rank`].
+    rank: Option<String>,
     session: Session,
     anchor: Anchor,
     sentinel: Sentinel,
@@ -91,6 +93,9 @@ impl Engine {
             .clone()
             .unwrap_or_else(|| "generic".to_string());
         let profile = profiles::by_name(&framework).ok();
+        let rank = profile
+            .as_ref()
+            .and_then(|p| p.rank(&procfs::cmdline(pid).unwrap_or_default()));
         let fields = profile
             .as_ref()
             .map(|p| p.iteration.clone())
@@ -115,10 +120,13 @@ impl Engine {
         let (models, fingerprint, baseline) = ModelStore::open(state_dir, pid, &framework);
         let labels = ProcessLabels::new(pid, &identity);
         info!(
-            "engine {pid}{}: attached ({framework}, CPython {}, {} probes, anchor {})",
+            "engine {pid}{}{}: attached ({framework}, CPython {}, {} probes, anchor {})",
             identity
                 .short()
                 .map(|s| format!(" ({s})"))
+                .unwrap_or_default(),
+            rank.as_ref()
+                .map(|r| format!(" rank {r}"))
                 .unwrap_or_default(),
             session.runtime().version_string(),
             session.probes.len(),
@@ -128,6 +136,7 @@ impl Engine {
             gpu: GpuFigures::attach(pid, labels.clone(), cfg.gpu),
             pid,
             framework,
+            rank,
             sentinel: Sentinel::new(cfg.params(), fingerprint, baseline),
             session,
             anchor,
@@ -337,6 +346,7 @@ impl Engine {
             pid: self.pid,
             identity: self.identity.clone(),
             framework: self.framework.clone(),
+            rank: self.rank.clone(),
             python: self.session.runtime().version_string(),
             anchor: self.anchor.func().map(str::to_string),
             fingerprint: self.sentinel.fingerprint().key(),
