@@ -401,4 +401,45 @@ mod tests {
             assert_eq!(got, want, "{name}");
         }
     }
+
+    /// SGLang's workload: tokens and KV context from `ModelRunner.forward` inside `run_batch`;
+    /// a decode forward has no extend count, so its tokens are one per request, whatever the
+    /// batch's stale count at launch says.
+    #[test]
+    fn an_sglang_batch_takes_its_tokens_and_context_from_its_forward() {
+        const RUN: &str = "sglang.srt.managers.scheduler:Scheduler.run_batch.__wrapped__";
+        const PROCESS: &str =
+            "sglang.srt.managers.scheduler:Scheduler.process_batch_result.__wrapped__";
+        const FORWARD: &str = "sglang.srt.model_executor.model_runner:ModelRunner.forward";
+        let p = pyframe_tracer::profiles::by_name("sglang").unwrap();
+        let mut a = Assembler::new(p.anchors(), p.iteration.clone());
+        let forward = [
+            ("bs", 2),
+            ("mode", 1),
+            ("seq_lens_sum", 40),
+            ("extend_tokens", 40),
+        ];
+        let launch = [
+            ("batch", 2),
+            ("mode", 1),
+            ("seq_lens_sum", 40),
+            ("batch_extend_tokens", 40),
+        ];
+        assert!(a.push(call(FORWARD, 12, 28, &forward)).is_none());
+        assert!(a.push(call(RUN, 10, 30, &launch)).is_none());
+        let prefill = a
+            .push(call(PROCESS, 31, 35, &[("batch", 2), ("mode", 1)]))
+            .unwrap();
+        assert_eq!(prefill.workload.features(), [2.0, 20.0, 0.0, 40.0, 40.0]);
+        let forward = [("bs", 2), ("mode", 2), ("seq_lens_sum", 42)];
+        let launch = [("batch", 2), ("mode", 2), ("batch_extend_tokens", 40)];
+        assert!(a.push(call(FORWARD, 37, 48, &forward)).is_none());
+        assert!(a.push(call(RUN, 36, 50, &launch)).is_none());
+        let decode = a
+            .push(call(PROCESS, 51, 53, &[("batch", 2), ("mode", 2)]))
+            .unwrap();
+        assert_eq!(decode.stage, Stage::Decode);
+        assert_eq!(decode.workload.tokens, 2.0);
+        assert_eq!(decode.workload.input_len * decode.workload.batch, 42.0);
+    }
 }
