@@ -8,9 +8,9 @@
 //! prefills) its KV context, in order, for `event_loop_normal` and `event_loop_overlap`.
 //!
 //! `cargo xtask test` runs this file with STALLSCOPE_SGLANG_SITE (the directory with the
-//! SGLang wheel and the modules it imports, for PYTHONPATH) after its vLLM tests, whose venv
-//! (torch) and model directory (config and tokenizer) it reuses. Without it the test says so
-//! and does nothing.
+//! SGLang wheel and the modules it imports, for PYTHONPATH) and STALLSCOPE_SGLANG_MODEL (the
+//! model directory of its vLLM server: config and tokenizer) after its vLLM tests, whose venv
+//! (torch) it reuses. Without them the test says so and does nothing.
 
 use std::{
     io::{BufRead, BufReader},
@@ -69,17 +69,17 @@ fn sglang_scheduler_iterations_match_its_batches_in_both_loops() {
     };
     require_root();
     let python = cache_dir().join("vllm-venv/bin/python");
-    let model = cache_dir().join("vllm-model-small");
+    // A model directory of `vllm up` (its config and tokenizer; no weights are read).
+    let model = PathBuf::from(std::env::var_os("STALLSCOPE_SGLANG_MODEL").unwrap_or_default());
     assert!(
         python.exists() && model.join("config.json").exists(),
-        "the vLLM venv or model is missing ({}, {}): run `cargo xtask vllm up` once",
+        "the vLLM venv or STALLSCOPE_SGLANG_MODEL's model is missing ({}, {model:?}): run `cargo xtask vllm up` once and name its model_dir",
         python.display(),
-        model.display()
     );
     let driver = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/sglang_scheduler.py");
     for (lp, overlap) in [("event_loop_normal", false), ("event_loop_overlap", true)] {
         let dir = tmpdir(&format!("sglang-{lp}"));
-        let (go, stop, truth_path) = (dir.join("go"), dir.join("stop"), dir.join("truth"));
+        let [go, start, stop, truth_path] = ["go", "start", "stop", "truth"].map(|f| dir.join(f));
         let mut cmd = Command::new(&python);
         cmd.env("PYTHONPATH", &site)
             .args(["-W", "ignore"])
@@ -90,6 +90,8 @@ fn sglang_scheduler_iterations_match_its_batches_in_both_loops() {
             .arg(&truth_path)
             .arg("--go")
             .arg(&go)
+            .arg("--start")
+            .arg(&start)
             .arg("--stop")
             .arg(&stop)
             .args(["--forward-ms", &FORWARD_MS.to_string()])
@@ -119,8 +121,9 @@ fn sglang_scheduler_iterations_match_its_batches_in_both_loops() {
             "{engine}"
         );
         std::fs::write(&go, "").unwrap();
-        expect(&mut out, "counting");
+        expect(&mut out, "quiet");
         let (truth_from, rows_from) = (truth(&truth_path).len(), parse_export(&csv).len());
+        std::fs::write(&start, "").unwrap();
         expect(&mut out, "done");
         std::thread::sleep(Duration::from_secs(1));
         let want = truth(&truth_path).split_off(truth_from);

@@ -12,9 +12,10 @@ of the scheduler's sockets.
 
 Protocol on stdout: `scheduler PID` once the scheduler is up; until the file `--go` exists
 it sends one short request every 0.3 s (an idle scheduler sleeps in a ZMQ poll, where a
-debugger's attach cannot run); then, after a quiet second, `counting`, the `--requests`
-requests (staggered, so that prefills and decodes mix), `done` once all have finished; it
-shuts the scheduler down (SGLang's ShutdownReq) once the file `--stop` exists.
+debugger's attach cannot run); then, after a quiet second, `quiet`. Once the file `--start`
+exists, it sends the `--requests` requests (staggered, so that prefills and decodes mix) and
+says `done` once all have finished; it shuts the scheduler down (SGLang's ShutdownReq) once
+the file `--stop` exists.
 """
 
 import argparse
@@ -275,6 +276,7 @@ def main():
     ap.add_argument("--forward-ms", type=float, default=5.0)
     ap.add_argument("--truth", required=True)
     ap.add_argument("--go", required=True)
+    ap.add_argument("--start", required=True)
     ap.add_argument("--stop", required=True)
     args = ap.parse_args()
     from sglang.srt.configs.model_config import ModelConfig
@@ -310,7 +312,9 @@ def main():
             peer.wait_all(30)
             time.sleep(0.3)
         time.sleep(1.0)
-        print("counting", flush=True)
+        print("quiet", flush=True)
+        while not os.path.exists(args.start):
+            time.sleep(0.05)
         for i in range(args.requests):
             peer.request(8 + 3 * i, args.max_new_tokens)
             time.sleep(args.forward_ms * 2.5 / 1e3)

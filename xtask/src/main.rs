@@ -281,20 +281,24 @@ const CI_FUZZ_SECONDS: u64 = 15;
 /// each server whatever the outcome. Then SGLang's scheduler (tests/sglang_scheduler.rs),
 /// which runs on the vLLM venv's torch.
 fn vllm_end_to_end() -> Result<()> {
-    VLLM_TESTS
-        .iter()
-        .try_for_each(|&(pipeline_parallel, tests)| {
-            let server = vllm::up(8000, None, None, pipeline_parallel == 1, pipeline_parallel)?;
-            let result = tests
-                .iter()
-                .try_for_each(|test| vllm_test(test, &server, &[]));
-            let down = vllm::down();
-            result.and(down)
-        })?;
+    let mut model_dir = String::new();
+    for &(pipeline_parallel, tests) in &VLLM_TESTS {
+        let server = vllm::up(8000, None, None, pipeline_parallel == 1, pipeline_parallel)?;
+        let result = tests
+            .iter()
+            .try_for_each(|test| vllm_test(test, &server, &[]));
+        let down = vllm::down();
+        result.and(down)?;
+        let server: serde_json::Value = serde_json::from_str(&server)?;
+        model_dir = server["model_dir"].as_str().unwrap_or_default().to_string();
+    }
     let site = sglang::ensure_site()?;
     test_binary(
         "sglang_scheduler",
-        &[("STALLSCOPE_SGLANG_SITE", &site.to_string_lossy())],
+        &[
+            ("STALLSCOPE_SGLANG_SITE", &site.to_string_lossy()),
+            ("STALLSCOPE_SGLANG_MODEL", &model_dir),
+        ],
     )
 }
 
