@@ -26,6 +26,7 @@ use std::{
 use serde_json::Value;
 
 mod common;
+use common::daemon::default_config;
 use common::kubelet::{pod_list, series_of, stand_in_kubelet};
 use common::vllm::{
     decode_rate, parse_export, parse_log, start_step_hog, steps_per_second, LogIteration, Row,
@@ -211,33 +212,24 @@ fn sentinel_on_real_vllm() {
         .find_map(|l| l.strip_prefix("warmup_samples = "))
         .and_then(|v| v.trim().parse().ok())
         .expect("the default config's warmup_samples");
-    let cfg = default
-        .replace("max_per_hour = 6", "max_per_hour = 60")
-        .replace(
-            "listen = \"127.0.0.1:9464\"",
-            &format!("listen = \"127.0.0.1:{port}\""),
-        )
-        .replace(
-            "dir = \"/var/lib/stallscope\"",
-            &format!("dir = \"{}\"", dir.display()),
-        )
-        .replace(
-            "iterations_csv = \"\"",
-            &format!("iterations_csv = \"{}/iterations.csv\"", dir.display()),
-        );
     // The default reads the kubelet's pod list on loopback; here it is the stand-in.
-    let kubelet_url = "kubelet_url = \"http://127.0.0.1:10255/pods\"";
-    assert!(cfg.contains(kubelet_url), "the default config changed");
-    let cfg = cfg.replace(
-        kubelet_url,
-        &format!("kubelet_url = \"http://127.0.0.1:{kubelet}/pods\""),
+    let kubelet_url = format!("kubelet_url = \"http://127.0.0.1:{kubelet}/pods\"");
+    let config = default_config(
+        &dir,
+        port,
+        &[
+            ("max_per_hour = 6", "max_per_hour = 60"),
+            (
+                "kubelet_url = \"http://127.0.0.1:10255/pods\"",
+                &kubelet_url,
+            ),
+        ],
     );
-    std::fs::write(dir.join("config.toml"), cfg).unwrap();
     let daemon_log = dir.join("daemon.log");
     let mut daemon = Proc::spawn(
         stallscope()
             .args(["run", "--config"])
-            .arg(dir.join("config.toml"))
+            .arg(&config)
             .stderr(std::fs::File::create(&daemon_log).unwrap()),
     );
     let engine = |port: u16| -> Option<Value> {
