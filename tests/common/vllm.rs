@@ -141,7 +141,7 @@ fn unix_now() -> u64 {
 /// every step is stretched: `(hog, its CPUs, its spin in ms)`.
 pub fn start_step_hog(server: &serde_json::Value) -> (super::Proc, String, f64) {
     let cpus = engine_cpus(server["engine_pid"].as_u64().unwrap());
-    let spin_ms = server["sizing"]["decode_step_ms_b8"]
+    let spin_ms = server["sizing"]["decode_step_ms"]
         .as_f64()
         .unwrap_or(40.0)
         .clamp(10.0, 100.0);

@@ -10,6 +10,7 @@
 //! Each part carries a stamp naming what it was built from, so re-runs reuse what is current.
 
 use std::{
+    collections::BTreeMap,
     fs,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -25,7 +26,7 @@ use sys_util::pod::Pod;
 use crate::{
     run_checked,
     setup::{cache_dir, pyenv_python},
-    vllm_size::{decode_step_b8, Cpu, Size, MAX_STEP_MS, SIZES},
+    vllm_size::{decode_step, Cpu, Size, MAX_STEP_MS, SIZES},
 };
 
 /// The CPython the venv is built on.
@@ -57,7 +58,9 @@ pub enum Vllm {
     /// the largest size whose median decode step at batch 8 is at most 70 ms (the range the
     /// end-to-end tests were designed for): `up` starts with the size last chosen on this CPU
     /// (else the largest), measures 16 fixed-length requests, and restarts with a smaller model
-    /// when the step is slower.
+    /// when the step is slower. A pipelined server (`--pipeline-parallel` above 1) serves the
+    /// size last chosen on this CPU, or `--size`, and reports its median decode step over
+    /// every batch its micro-batches ran at.
     Up {
         /// Loopback port the server listens on.
         #[arg(long, default_value_t = 8000)]
@@ -552,7 +555,15 @@ pub fn up(
     let cpu = Cpu::read()?;
     let dtype = dtype.unwrap_or(cpu.dtype());
     let chosen = Chosen::new(&cpu, dtype)?;
-    let mut serve = size.or_else(|| chosen.load()).unwrap_or(SIZES[0]);
+    // A pipelined engine's steps are micro-batches of whichever requests are not in flight
+    // already, not comparable with MAX_STEP_MS: it serves the size a plain server chose.
+    let mut serve = match size.or_else(|| chosen.load()) {
+        Some(s) => s,
+        None if pipeline_parallel == 1 => SIZES[0],
+        None => bail!(
+            "--pipeline-parallel {pipeline_parallel}: a pipelined server serves the model size a plain `cargo xtask vllm up` chose on this CPU in {dtype}, and none has been chosen yet: run `cargo xtask vllm up` and `cargo xtask vllm down` first, or give --size"
+        ),
+    };
     let mut measured = Vec::new();
     let pod = isolated
         .then(|| Pod::create(POD_NAME, false))
@@ -588,8 +599,8 @@ pub fn up(
                 return Err(e);
             }
         };
-        let step = match measure_step(&python, &server) {
-            Ok(step) => step,
+        let (step, batches) = match measure_step(&python, &server) {
+            Ok(measured) => measured,
             Err(e) => {
                 stop_group(server.api_pid);
                 if let Some(p) = &pod {
@@ -598,12 +609,15 @@ pub fn up(
                 return Err(e);
             }
         };
-        measured.push(json!({"size": serve.name, "decode_step_ms_b8": step}));
+        measured
+            .push(json!({"size": serve.name, "decode_step_ms": step, "decode_batches": batches}));
         eprintln!(
-            "vllm: the {} model's median decode step at batch 8 took {step:.1} ms in {dtype}",
+            "vllm: the {} model's median decode step took {step:.1} ms in {dtype} (steps by batch: {batches:?})",
             serve.name
         );
-        let smaller = serve.smaller_for(step).filter(|_| size.is_none());
+        let smaller = serve
+            .smaller_for(step)
+            .filter(|_| size.is_none() && pipeline_parallel == 1);
         if let Some(next) = smaller.filter(|_| step > MAX_STEP_MS) {
             eprintln!(
                 "vllm: above {MAX_STEP_MS} ms, the slowest step the tests were designed for: restarting with the {} model",
@@ -615,6 +629,10 @@ pub fn up(
         }
         let size_why = match (size, step <= MAX_STEP_MS) {
             (Some(_), _) => "given (--size)".to_string(),
+            (None, _) if pipeline_parallel > 1 => {
+                "the size a plain server chose last on this CPU (a pipelined engine does not choose)"
+                    .to_string()
+            }
             (None, true) if measured.len() == 1 => format!(
                 "the first size tried (the largest, or the one last chosen on this CPU) measured at most {MAX_STEP_MS} ms"
             ),
@@ -637,7 +655,8 @@ pub fn up(
             "dtype": dtype,
             "dtype_why": dtype_why,
             "model": serve.to_json(),
-            "decode_step_ms_b8": step,
+            "decode_step_ms": step,
+            "decode_batches": batches,
             "max_step_ms": MAX_STEP_MS,
             "size_why": size_why,
             "measured": measured,
@@ -687,9 +706,10 @@ impl Chosen {
     }
 }
 
-/// The median decode step at batch 8 of the server just started, by vLLM's own log: 16
-/// requests of 32 prompt and 64 output tokens, 8 at a time.
-fn measure_step(python: &Path, server: &Server) -> Result<f64> {
+/// The median decode step of the server just started, by vLLM's own log, after 16 requests of
+/// 32 prompt and 64 output tokens, 8 at a time; and how many steps ran at each batch. At batch
+/// 8 only, unless the server is pipelined: see [`decode_step`].
+fn measure_step(python: &Path, server: &Server) -> Result<(f64, BTreeMap<u64, usize>)> {
     let from = fs::metadata(&server.log)?.len() as usize;
     let mut cmd = load_command(python, server.port, &server.model_dir, 8, 4242);
     cmd.args([
@@ -705,11 +725,13 @@ fn measure_step(python: &Path, server: &Server) -> Result<f64> {
     run_checked(&mut cmd).context("measuring the decode step")?;
     let log = fs::read(&server.log)?;
     let tail = String::from_utf8_lossy(&log[from.min(log.len())..]).into_owned();
-    match decode_step_b8(&tail) {
-        Some((step, n)) if n >= 10 => Ok(step),
+    let batch = (server.pipeline_parallel == 1).then_some(8);
+    match decode_step(&tail, batch) {
+        Some((step, batches)) if batches.values().sum::<usize>() >= 10 => Ok((step, batches)),
         found => bail!(
-            "{} decode steps at batch 8 in {} after 16 requests of 64 tokens, 8 at a time: is --enable-logging-iteration-details still logged?",
-            found.map_or(0, |f| f.1),
+            "{} decode steps{} in {} after 16 requests of 64 tokens, 8 at a time: is --enable-logging-iteration-details still logged?",
+            found.map_or(0, |f| f.1.values().sum()),
+            if batch.is_some() { " at batch 8" } else { "" },
             server.log.display()
         ),
     }

@@ -8,7 +8,10 @@
 //! see a tenth of the iterations. So the dtype follows the CPU's flags and the size follows
 //! the measured step.
 
-use std::{collections::BTreeSet, fs};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+};
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
@@ -183,16 +186,29 @@ impl Cpu {
 /// The median elapsed ms of vLLM's logged decode steps at batch 8 (no prefill in the step) in
 /// `log` (`--enable-logging-iteration-details` lines), and how many there were.
 pub fn decode_step_b8(log: &str) -> Option<(f64, usize)> {
+    decode_step(log, Some(8)).map(|(ms, batches)| (ms, batches.values().sum()))
+}
+
+/// The median elapsed ms of vLLM's logged decode steps (no prefill in the step) in `log`, at
+/// `batch` requests or, with `None`, at any batch; and how many steps there were at each batch.
+///
+/// A pipelined engine needs `None`: its batch queue schedules whichever requests are not in
+/// a batch already in flight, so 8 concurrent requests run as micro-batches whose split (2
+/// and 6, or 8 and none) depends on when each request arrived.
+pub fn decode_step(log: &str, batch: Option<u64>) -> Option<(f64, BTreeMap<u64, usize>)> {
+    let mut batches = BTreeMap::new();
     let mut ms: Vec<f64> = vllm_log::parse(log)
         .iter()
-        .filter(|it| it.context_requests == 0 && it.generation_requests == 8)
+        .filter(|it| it.context_requests == 0 && it.generation_requests > 0)
+        .filter(|it| batch.is_none_or(|b| it.generation_requests == b))
+        .inspect(|it| *batches.entry(it.generation_requests).or_default() += 1)
         .map(|it| it.elapsed_ms)
         .collect();
     if ms.is_empty() {
         return None;
     }
     ms.sort_by(f64::total_cmp);
-    Some((ms[ms.len() / 2], ms.len()))
+    Some((ms[ms.len() / 2], batches))
 }
 
 #[cfg(test)]
@@ -243,5 +259,9 @@ mod tests {
 ";
         assert_eq!(decode_step_b8(log), Some((41.0, 3)));
         assert_eq!(decode_step_b8("no iterations"), None);
+        // A pipelined engine's micro-batches: every decode step, whatever its batch.
+        let (ms, batches) = decode_step(log, None).unwrap();
+        assert_eq!(ms, 41.0);
+        assert_eq!(batches, BTreeMap::from([(4, 1), (8, 3)]));
     }
 }
