@@ -786,8 +786,8 @@ mod tests {
     #[test]
     fn alert_rule_spans_are_counts_or_times() {
         let d = Config::load(None).unwrap().sentinel.params().detector;
-        assert_eq!(d.window, Span::Micros(500_000));
-        assert_eq!(d.start_after, Span::Micros(250_000));
+        assert_eq!(d.window, Span::Micros(1_000_000));
+        assert_eq!(d.start_after, Span::Micros(750_000));
         assert_eq!(d.min_slowdown, 1.0);
         let c = Config::parse_over_default(
             "[sentinel]\nwindow = 10\nstart_after = \"1s\"\nmin_slowdown = 1.25\n",

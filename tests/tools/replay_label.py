@@ -1,14 +1,15 @@
 """Replays recorded runs of the vLLM end-to-end test through `stallscope replay` and judges each
 alert of the steady window by the engine's own pace.
 
-Usage: python replay_label.py STALLSCOPE RUNS_DIR [CONFIG] [--threshold X|ucl]
+Usage: python replay_label.py STALLSCOPE RUNS_DIR [CONFIG] [--threshold X|ucl] [--lead N]
+                              [--steady N]
 
 RUNS_DIR holds the daemon's iteration exports (`*.csv.gz`) of runs of tests/sentinel_vllm.rs:
 a warm-up, 10,000 decode iterations of steady load after the first fit, then a CPU hog. Each is
 replayed with CONFIG's [sentinel] settings (default: the embedded default). An alert whose
-start comes within the first 10,000 modelled iterations is a steady-window alert. It is
-explained by the engine's pace when the engine's decode steps over it (and the 14 before it:
-the window and the persistence that raised it) took on average at least X times their usual
+start comes within the first 10,000 modelled iterations (--steady) is a steady-window alert. It is
+explained by the engine's pace when the engine's decode steps over it (and the N before it,
+default 14: the window and the persistence that raised it) took on average at least X times their usual
 duration, the median of the run's steps of the same batch size and context (in 64-token
 bins); `ucl` takes X from the alert's own threshold, 1 / (1 - UCL). The others are counted as
 unexplained: the model's error, not the engine's slowing. Prints a row per run and totals.
@@ -23,11 +24,9 @@ import subprocess
 import sys
 import tempfile
 
-STEADY = 10_000
-LEAD = 14
 
 
-def judge(stallscope, path, config, threshold):
+def judge(stallscope, path, config, threshold, lead_steps, steady):
     with gzip.open(path, "rt") as f:
         text = f.read()
     with tempfile.NamedTemporaryFile("w", suffix=".csv") as tmp:
@@ -47,11 +46,11 @@ def judge(stallscope, path, config, threshold):
     usual = {k: statistics.median(v) for k, v in by_key.items() if len(v) >= 5}
     out = {"alerts": 0, "unexplained": 0, "flagged": 0, "unexplained_flagged": 0}
     for a in r["alerts"]:
-        if a["modelled_before"] >= STEADY:
+        if a["modelled_before"] >= steady:
             continue
         n = a.get("iterations", 0)
         span = [i for i in decode if i >= a["row"]][: max(n, 1)]
-        lead = [i for i in decode if i < a["row"]][-LEAD:]
+        lead = [i for i in decode if i < a["row"]][-lead_steps:]
         ratios = [float(rows[i]["duration_us"]) / usual[key(rows[i])] for i in lead + span if key(rows[i]) in usual]
         pace = sum(ratios) / len(ratios) if ratios else 0.0
         limit = 1 / (1 - a["ucl"]) if threshold == "ucl" else float(threshold)
@@ -60,36 +59,44 @@ def judge(stallscope, path, config, threshold):
         if pace < limit:
             out["unexplained"] += 1
             out["unexplained_flagged"] += n
-    hog = [a for a in r["alerts"] if a["modelled_before"] >= STEADY]
+    hog = [a for a in r["alerts"] if a["modelled_before"] >= steady]
     out["hog_alert_row"] = hog[0]["row"] if hog else None
     out["ucl"] = [round(f["ucl"], 3) for f in r["fits"] if "ucl" in f]
     return out
 
 
+def command_line(defaults):
+    """(stallscope, runs dir, config or None, options): the positional arguments, and each
+    `--NAME VALUE` of `defaults` given (or its default)."""
+    args, options = [], dict(defaults)
+    rest = iter(sys.argv[1:])
+    for a in rest:
+        if a in options:
+            options[a] = next(rest)
+        else:
+            args.append(a)
+    return args[0], args[1], args[2] if len(args) > 2 else None, options
+
+
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--threshold")]
-    threshold = "1.10"
-    for i, a in enumerate(sys.argv):
-        if a == "--threshold":
-            threshold = sys.argv[i + 1]
-            args.remove(threshold)
-    stallscope, runs = args[0], args[1]
-    config = args[2] if len(args) > 2 else None
+    stallscope, runs, config, options = command_line({"--threshold": "1.10", "--lead": "14", "--steady": "10000"})
+    threshold, lead_steps = options["--threshold"], int(options["--lead"])
+    steady = int(options["--steady"])
     total = {"alerts": 0, "unexplained": 0, "flagged": 0, "unexplained_flagged": 0}
     worst, clean, n = 0.0, 0, 0
     print("run alerts unexplained unexplained_flagged_pct hog_alert_row ucl")
     for name in sorted(os.listdir(runs)):
         if not name.endswith(".csv.gz"):
             continue
-        o = judge(stallscope, os.path.join(runs, name), config, threshold)
-        pct = 100 * o["unexplained_flagged"] / STEADY
+        o = judge(stallscope, os.path.join(runs, name), config, threshold, lead_steps, steady)
+        pct = 100 * o["unexplained_flagged"] / steady
         print(name[: -len(".csv.gz")], o["alerts"], o["unexplained"], f"{pct:.2f}", o["hog_alert_row"], o["ucl"])
         for k in total:
             total[k] += o[k]
         worst, clean, n = max(worst, pct), clean + (o["unexplained"] == 0), n + 1
     print(
         f"runs {n}: steady alerts {total['alerts']}, unexplained {total['unexplained']}, "
-        f"iterations in unexplained alerts {100 * total['unexplained_flagged'] / (STEADY * n):.2f} % "
+        f"iterations in unexplained alerts {100 * total['unexplained_flagged'] / (steady * n):.2f} % "
         f"(worst run {worst:.2f} %), runs without an unexplained alert {clean}"
     )
 

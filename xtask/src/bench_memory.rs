@@ -31,20 +31,12 @@ struct Sample {
 
 fn sample(pid: u32, at_s: f64) -> Option<Sample> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| -> Option<u64> {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))?
-            .trim()
-            .trim_end_matches(" kB")
-            .parse()
-            .ok()
-    };
+    let field = |key| crate::bench_sentinel::status_number(&status, key);
     Some(Sample {
         at_s,
-        rss_mib: field("VmRSS:")? as f64 / 1024.0,
+        rss_mib: field("VmRSS")? as f64 / 1024.0,
         fds: std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count(),
-        threads: field("Threads:")?,
+        threads: field("Threads")?,
     })
 }
 

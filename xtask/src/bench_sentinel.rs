@@ -123,14 +123,15 @@ pub(crate) fn cpu_and_rss(pid: u32) -> Option<(u64, u64)> {
     let f: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
     let ticks = f[11].parse::<u64>().ok()? + f[12].parse::<u64>().ok()?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
+    Some((ticks, status_number(&status, "VmRSS")?))
+}
+
+/// The number of a `/proc/PID/status` line (kB for sizes).
+pub(crate) fn status_number(status: &str, key: &str) -> Option<u64> {
+    pyframe_tracer::procfs::status_field(status, key)?
         .trim_end_matches(" kB")
         .parse()
-        .ok()?;
-    Some((ticks, rss))
+        .ok()
 }
 
 pub(crate) struct Daemon(pub Child);
