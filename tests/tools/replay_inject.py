@@ -18,6 +18,7 @@ one), the median delay from its first slow step to the alert (ms and steps), the
 steps inside alerts, and false alerts: those starting in the steady window neither inside a
 slowdown nor within --grace decode steps after one (the recorded runs' own alerts included).
 """
+import bisect
 import csv
 import gzip
 import io
@@ -63,15 +64,19 @@ def stretch(rows, decode, spans, factor):
     return out
 
 
-def score(stallscope, path, config, factor, steps, every, grace):
+def load(stallscope, path, config):
+    """A recorded run: its CSV fields and rows, the indices of its decode rows, and the position
+    among them of the first decode step after the first fit (from one replay as recorded)."""
     with gzip.open(path, "rt") as f:
-        text = f.read()
-    reader = csv.DictReader(io.StringIO(text))
-    fields, rows = reader.fieldnames, list(reader)
+        reader = csv.DictReader(io.StringIO(f.read()))
+        fields, rows = reader.fieldnames, list(reader)
     decode = [i for i, r in enumerate(rows) if r["stage"] == "decode"]
-    base = replay(stallscope, rows, fields, config)
-    fit_row = base["fits"][0]["row"]
-    first = next(k for k, i in enumerate(decode) if i > fit_row)
+    fit_row = replay(stallscope, rows, fields, config)["fits"][0]["row"]
+    return fields, rows, decode, bisect.bisect_right(decode, fit_row)
+
+
+def score(stallscope, run, config, factor, steps, every, grace):
+    fields, rows, decode, first = run
     spans = [
         (k, k + steps - 1)
         for k in range(first + SKIP, min(first + STEADY, len(decode)) - steps, every)
@@ -79,13 +84,12 @@ def score(stallscope, path, config, factor, steps, every, grace):
     stretched = stretch(rows, decode, spans, factor)
     r = replay(stallscope, stretched, fields, config)
     starts = [float(x["start_ts"]) for x in stretched]
-    position = {i: k for k, i in enumerate(decode)}
     out = {"slowdowns": len(spans), "alerted": 0, "lag_ms": [], "lag_steps": [], "slow": 0, "slow_in_alerts": 0, "false": 0}
     covered, alerted = set(), set()
     for a in r["alerts"]:
         if a["modelled_before"] >= STEADY:
             continue
-        k0 = next((position[i] for i in decode if i >= a["row"]), len(decode))
+        k0 = bisect.bisect_left(decode, a["row"])
         covered.update(range(k0, k0 + max(a.get("iterations", 0), 1)))
         hit = next((s for s in spans if s[0] <= k0 <= s[1]), None)
         if hit is None:
@@ -108,14 +112,17 @@ def main():
         {"--slowdown": "1.2,1.5,2", "--steps": "40,120", "--every": "1200", "--grace": "40"}
     )
     every, grace = int(options["--every"]), int(options["--grace"])
-    names = sorted(n for n in os.listdir(runs) if n.endswith(".csv.gz"))
+    recorded = [
+        load(stallscope, os.path.join(runs, n), config)
+        for n in sorted(n for n in os.listdir(runs) if n.endswith(".csv.gz"))
+    ]
     print("| slowdown | steps | slowdowns | alerted | delay, median ms (steps) | slow steps in alerts | false alerts |")
     print("|---|---|---|---|---|---|---|")
     for factor in [float(x) for x in options["--slowdown"].split(",")]:
         for steps in [int(x) for x in options["--steps"].split(",")]:
             t = {"slowdowns": 0, "alerted": 0, "lag_ms": [], "lag_steps": [], "slow": 0, "slow_in_alerts": 0, "false": 0}
-            for n in names:
-                o = score(stallscope, os.path.join(runs, n), config, factor, steps, every, grace)
+            for run in recorded:
+                o = score(stallscope, run, config, factor, steps, every, grace)
                 for k in t:
                     t[k] += o[k]
             lag = f"{statistics.median(t['lag_ms']):.0f} ({statistics.median(t['lag_steps']):.0f})" if t["lag_ms"] else "-"

@@ -555,11 +555,13 @@ pub fn up(
     let cpu = Cpu::read()?;
     let dtype = dtype.unwrap_or(cpu.dtype());
     let chosen = Chosen::new(&cpu, dtype)?;
-    // A pipelined engine's steps are micro-batches of whichever requests are not in flight
-    // already, not comparable with MAX_STEP_MS: it serves the size a plain server chose.
+    // Whether this `up` chooses the size by its step. A pipelined engine's steps are
+    // micro-batches of whichever requests are not in flight already, not comparable with
+    // MAX_STEP_MS: it serves the size a plain server chose.
+    let chooses = size.is_none() && pipeline_parallel == 1;
     let mut serve = match size.or_else(|| chosen.load()) {
         Some(s) => s,
-        None if pipeline_parallel == 1 => SIZES[0],
+        None if chooses => SIZES[0],
         None => bail!(
             "--pipeline-parallel {pipeline_parallel}: a pipelined server serves the model size a plain `cargo xtask vllm up` chose on this CPU in {dtype}, and none has been chosen yet: run `cargo xtask vllm up` and `cargo xtask vllm down` first, or give --size"
         ),
@@ -615,9 +617,7 @@ pub fn up(
             "vllm: the {} model's median decode step took {step:.1} ms in {dtype} (steps by batch: {batches:?})",
             serve.name
         );
-        let smaller = serve
-            .smaller_for(step)
-            .filter(|_| size.is_none() && pipeline_parallel == 1);
+        let smaller = serve.smaller_for(step).filter(|_| chooses);
         if let Some(next) = smaller.filter(|_| step > MAX_STEP_MS) {
             eprintln!(
                 "vllm: above {MAX_STEP_MS} ms, the slowest step the tests were designed for: restarting with the {} model",
@@ -629,7 +629,7 @@ pub fn up(
         }
         let size_why = match (size, step <= MAX_STEP_MS) {
             (Some(_), _) => "given (--size)".to_string(),
-            (None, _) if pipeline_parallel > 1 => {
+            (None, _) if !chooses => {
                 "the size a plain server chose last on this CPU (a pipelined engine does not choose)"
                     .to_string()
             }
@@ -663,7 +663,7 @@ pub fn up(
         });
         server.save()?;
         // The size chosen for the usual server: a pipelined one's step differs.
-        if size.is_none() && pipeline_parallel == 1 {
+        if chooses {
             chosen.save(serve)?;
         }
         return Ok(server.to_json());
