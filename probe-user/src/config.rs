@@ -681,13 +681,21 @@ impl Config {
 
     /// Parses `text` laid over the embedded default; `origin` names it in errors.
     pub fn parse_over_default(text: &str, origin: &str) -> Result<Self> {
-        let mut base: toml::Table =
-            toml::from_str(DEFAULT_CONFIG).expect("the embedded default is valid TOML");
+        // The default's table is parsed once; the merged table is deserialised as it is, not
+        // written out and parsed again.
+        static DEFAULT_TABLE: std::sync::LazyLock<toml::Table> = std::sync::LazyLock::new(|| {
+            toml::from_str(DEFAULT_CONFIG).expect("the embedded default is valid TOML")
+        });
+        let mut base = DEFAULT_TABLE.clone();
         let over: toml::Table =
             toml::from_str(text).with_context(|| format!("invalid configuration in {origin}"))?;
         lay_over(&mut base, over);
-        let merged = toml::to_string(&base).expect("a TOML table serialises");
-        Self::parse(&merged, origin)
+        let c: Config = toml::Value::Table(base)
+            .try_into()
+            .with_context(|| format!("invalid configuration in {origin}"))?;
+        c.validate()
+            .with_context(|| format!("invalid configuration in {origin}"))?;
+        Ok(c)
     }
 }
 
