@@ -1,6 +1,10 @@
 //! Reads a trace back and checks it the way a viewer depends on it: every track defined
 //! before use, every interned id resolved, per-track time order, every slice closed and
 //! slices properly nested. Returns the resolved tracks, slices, instants and counter values.
+//!
+//! Interned names, packet defaults (clock and track) and sequence-scoped clocks (ids
+//! 64..128, incremental or not) are kept per packet sequence, as Perfetto's trace processor
+//! keeps them; every stamp is resolved to CLOCK_MONOTONIC.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -137,6 +141,51 @@ impl Decoded {
     }
 }
 
+/// CLOCK_MONOTONIC's builtin id.
+const MONOTONIC: u32 = 3;
+
+/// A sequence-scoped clock: where a snapshot put it against CLOCK_MONOTONIC, and for an
+/// incremental one its last value.
+struct SequenceClock {
+    incremental: bool,
+    at: u64,
+    monotonic_at: u64,
+    last: u64,
+}
+
+/// What a packet sequence carries from packet to packet.
+#[derive(Default)]
+struct Sequence {
+    names: HashMap<u64, String>,
+    arg_names: HashMap<u64, String>,
+    default_clock: Option<u32>,
+    default_track: Option<u64>,
+    clocks: HashMap<u32, SequenceClock>,
+}
+
+impl Sequence {
+    /// `ts` in `clock` (the packet's, else the sequence's default) as CLOCK_MONOTONIC ns.
+    fn monotonic(&mut self, clock: Option<u32>, ts: u64) -> Result<u64, String> {
+        match clock.or(self.default_clock) {
+            Some(MONOTONIC) => Ok(ts),
+            Some(id) => {
+                let c = self
+                    .clocks
+                    .get_mut(&id)
+                    .ok_or_else(|| format!("stamp on clock {id}, which no snapshot defined"))?;
+                let value = if c.incremental {
+                    c.last = c.last.wrapping_add(ts);
+                    c.last
+                } else {
+                    ts
+                };
+                Ok(c.monotonic_at.wrapping_add(value.wrapping_sub(c.at)))
+            }
+            None => Err("stamp without a clock".into()),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Open {
     name: String,
@@ -153,30 +202,63 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, String> {
         ..Decoded::default()
     };
     let mut problems = Vec::new();
-    let mut names: HashMap<u64, String> = HashMap::new();
-    let mut arg_names: HashMap<u64, String> = HashMap::new();
+    let mut sequences: HashMap<u32, Sequence> = HashMap::new();
     let mut last_ts: HashMap<u64, u64> = HashMap::new();
     let mut open: HashMap<u64, Vec<Open>> = HashMap::new();
-    let mut default_clock = None;
     for (i, p) in trace.packet.into_iter().enumerate() {
+        let seq_id = match p.optional_trusted_packet_sequence_id {
+            Some(trace_packet::OptionalTrustedPacketSequenceId::TrustedPacketSequenceId(id)) => id,
+            None => 0,
+        };
+        if p.sequence_flags() & 1 != 0 {
+            sequences.insert(seq_id, Sequence::default());
+        }
+        let seq = sequences.entry(seq_id).or_default();
         if let Some(d) = &p.trace_packet_defaults {
-            default_clock = d.timestamp_clock_id;
+            seq.default_clock = d.timestamp_clock_id;
+            seq.default_track = d.track_event_defaults.as_ref().and_then(|t| t.track_uuid);
         }
         if let Some(data) = &p.interned_data {
             for n in &data.event_names {
-                names.insert(n.iid(), n.name().to_string());
+                seq.names.insert(n.iid(), n.name().to_string());
             }
             for n in &data.debug_annotation_names {
-                arg_names.insert(n.iid(), n.name().to_string());
+                seq.arg_names.insert(n.iid(), n.name().to_string());
             }
         }
         match p.data {
             Some(trace_packet::Data::ClockSnapshot(c)) => {
-                out.clocks = c
+                let scoped = |id: u32| (64..128).contains(&id);
+                if !c.clocks.iter().any(|c| scoped(c.clock_id())) {
+                    out.clocks = c
+                        .clocks
+                        .iter()
+                        .map(|c| (c.clock_id(), c.timestamp()))
+                        .collect();
+                    continue;
+                }
+                let Some(monotonic_at) = c
                     .clocks
                     .iter()
-                    .map(|c| (c.clock_id(), c.timestamp()))
-                    .collect();
+                    .find(|c| c.clock_id() == MONOTONIC)
+                    .map(|c| c.timestamp())
+                else {
+                    problems.push(format!(
+                        "packet {i}: a sequence clock's snapshot without CLOCK_MONOTONIC"
+                    ));
+                    continue;
+                };
+                for c in c.clocks.iter().filter(|c| scoped(c.clock_id())) {
+                    seq.clocks.insert(
+                        c.clock_id(),
+                        SequenceClock {
+                            incremental: c.is_incremental(),
+                            at: c.timestamp(),
+                            monotonic_at,
+                            last: c.timestamp(),
+                        },
+                    );
+                }
             }
             Some(trace_packet::Data::TrackDescriptor(d)) => {
                 let kind = if let Some(t) = &d.thread {
@@ -218,14 +300,21 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, String> {
                 );
             }
             Some(trace_packet::Data::TrackEvent(e)) => {
-                let Some(ts) = p.timestamp else {
+                let Some(stamp) = p.timestamp else {
                     problems.push(format!("packet {i}: track event without a timestamp"));
                     continue;
                 };
-                if p.timestamp_clock_id.or(default_clock) != Some(3) {
-                    problems.push(format!("packet {i}: event not on CLOCK_MONOTONIC"));
-                }
-                let track = e.track_uuid();
+                let ts = match seq.monotonic(p.timestamp_clock_id, stamp) {
+                    Ok(ts) => ts,
+                    Err(e) => {
+                        problems.push(format!("packet {i}: {e}"));
+                        continue;
+                    }
+                };
+                let Some(track) = e.track_uuid.or(seq.default_track) else {
+                    problems.push(format!("packet {i}: event without a track"));
+                    continue;
+                };
                 let Some(info) = out.tracks.get(&track) else {
                     problems.push(format!("packet {i}: event on undefined track {track}"));
                     continue;
@@ -239,7 +328,7 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, String> {
                 }
                 *last = ts;
                 let name = match e.name_field.clone() {
-                    Some(track_event::NameField::NameIid(iid)) => match names.get(&iid) {
+                    Some(track_event::NameField::NameIid(iid)) => match seq.names.get(&iid) {
                         Some(n) => n.clone(),
                         None => {
                             problems.push(format!("packet {i}: unresolved event name iid {iid}"));
@@ -253,7 +342,7 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, String> {
                 for a in &e.debug_annotations {
                     let key = match &a.name_field {
                         Some(debug_annotation::NameField::NameIid(iid)) => {
-                            match arg_names.get(iid) {
+                            match seq.arg_names.get(iid) {
                                 Some(n) => n.clone(),
                                 None => {
                                     problems.push(format!(

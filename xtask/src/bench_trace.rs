@@ -1,10 +1,14 @@
 //! `cargo xtask bench --only trace`: the Perfetto writer's rate and size on a deep dive's event
 //! mix (thread-state and syscall slices over 16 threads, interned names, telemetry counters),
-//! written through a buffered file to /dev/null.
+//! written through a buffered file to /dev/null; then the same mix, shorter, read back and
+//! checked, so that the figures are of a trace that decodes.
 
-use std::{io::BufWriter, time::Instant};
+use std::{
+    io::{BufWriter, Write},
+    time::Instant,
+};
 
-use anyhow::Result;
+use anyhow::{ensure, Result};
 use perfetto_writer::{ClockReadings, Extra, TraceWriter, Unit};
 
 const SLICES_PER_THREAD: u64 = 100_000;
@@ -22,9 +26,35 @@ const SYSCALLS: [&str; 6] = [
 pub fn run() -> Result<()> {
     let out = BufWriter::with_capacity(1 << 20, std::fs::File::create("/dev/null")?);
     let t = Instant::now();
+    let w = write_mix(out, SLICES_PER_THREAD)?;
+    let (events, bytes) = (w.events(), w.bytes());
+    w.finish()?;
+    let secs = t.elapsed().as_secs_f64();
+
+    let check = write_mix(Vec::new(), 1_000)?.finish()?;
+    let decoded = perfetto_writer::read::decode(&check)
+        .map_err(|e| anyhow::anyhow!("the bench's trace does not decode:\n{e}"))?;
+    let want = 2 * 1_000 * u64::from(THREADS);
+    ensure!(
+        decoded.slices.len() as u64 == want,
+        "the bench's trace decodes to {} slices, not {want}",
+        decoded.slices.len()
+    );
+
+    println!("\n## Perfetto writer (cargo xtask bench --only trace)\n");
+    println!("| what | value |\n|---|---|");
+    println!("| events written | {events} |");
+    println!("| rate | {:.2} M events/s |", events as f64 / secs / 1e6);
+    println!("| size | {:.2} bytes/event |", bytes as f64 / events as f64);
+    println!("| read back (1,000 slices per track) | {want} slices, all closed and in order |");
+    Ok(())
+}
+
+/// Writes the mix with `slices` state slices (each holding a syscall) per thread.
+fn write_mix<W: Write>(out: W, slices: u64) -> Result<TraceWriter<W>> {
     let mut w = TraceWriter::new(out, ClockReadings::now())?;
     let base = ClockReadings::now().monotonic_ns;
-    let process = w.process(1000, "engine")?;
+    w.process(1000, "engine")?;
     let mut counters = Vec::new();
     for name in ["cpu.util", "psi.cpu.some", "psi.memory.some", "psi.io.some"] {
         counters.push(w.counter(None, name, Unit::Plain("%"))?);
@@ -34,7 +64,7 @@ pub fn run() -> Result<()> {
         let states = w.child(thread, "state")?;
         let syscalls = w.child(thread, "syscalls")?;
         let mut ts = base;
-        for i in 0..SLICES_PER_THREAD {
+        for i in 0..slices {
             // A state slice of ~20 µs with a syscall inside it, like a busy engine thread.
             w.begin(states, ts, STATES[(i % 3) as usize], Extra::default())?;
             w.begin(
@@ -49,7 +79,7 @@ pub fn run() -> Result<()> {
         }
     }
     // 100 Hz telemetry over the same span.
-    let span = 20_600 * SLICES_PER_THREAD;
+    let span = 20_600 * slices;
     for (k, c) in counters.iter().enumerate() {
         let mut ts = base;
         while ts < base + span {
@@ -57,15 +87,5 @@ pub fn run() -> Result<()> {
             ts += 10_000_000;
         }
     }
-    let _ = process;
-    let events = w.events();
-    let bytes = w.bytes();
-    w.finish()?;
-    let secs = t.elapsed().as_secs_f64();
-    println!("\n## Perfetto writer (cargo xtask bench --only trace)\n");
-    println!("| what | value |\n|---|---|");
-    println!("| events written | {events} |");
-    println!("| rate | {:.2} M events/s |", events as f64 / secs / 1e6);
-    println!("| size | {:.1} bytes/event |", bytes as f64 / events as f64);
-    Ok(())
+    Ok(w)
 }
