@@ -248,12 +248,18 @@ fn deep_dive_streams_events() {
     require_root();
     let report = storm_report(&["--deep-dive"]);
     let ev = &report["deep_dive"]["events"];
-    let (enter, exit) = (
+    let (enter, exit, yield_runs) = (
         ev["sys_enter"].as_u64().unwrap(),
         ev["sys_exit"].as_u64().unwrap(),
+        ev["yield_runs"].as_u64().unwrap(),
     );
     assert!(enter > 10_000, "{ev}");
-    assert!(enter.abs_diff(exit) < 16, "every enter has its exit: {ev}");
+    // A run of sched_yield ends with one YIELDS event instead of its calls' exits; here
+    // every run is one call, a getppid after it.
+    assert!(
+        enter.abs_diff(exit + yield_runs) < 16,
+        "every enter has its exit: {ev}"
+    );
     assert!(report["lost_events"].is_u64());
     // A deep dive accounts every syscall, sched_yield too (one per 64 getppid).
     let storm_thread = storm_thread(&report);
@@ -265,6 +271,20 @@ fn deep_dive_streams_events() {
     assert!(
         (getppid as f64 / yields.max(1) as f64 - 64.0).abs() < 2.0,
         "{sys}"
+    );
+    // Each call is a run of its own: runs are the same share of the streamed entries as
+    // yields are of the accounted calls (the stream runs a little longer than the window).
+    let accounted: u64 = ["getppid", "sched_yield", "sendto", "recvfrom"]
+        .iter()
+        .map(|n| sys[*n]["count"].as_u64().unwrap_or(0))
+        .sum();
+    let (streamed_share, accounted_share) = (
+        yield_runs as f64 / enter as f64,
+        yields as f64 / accounted as f64,
+    );
+    assert!(
+        (streamed_share / accounted_share - 1.0).abs() < 0.05,
+        "{sys} {ev}"
     );
 }
 

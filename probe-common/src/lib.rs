@@ -113,6 +113,9 @@ pub struct Config {
     /// the daemon attaches the syscall hooks for deep dives only, so a thread's last seen
     /// entry may belong to a syscall whose exit fell while they were detached.
     pub syscalls_since_ns: u64,
+    /// When deep-dive mode last switched on (ns, CLOCK_MONOTONIC): a run of `sched_yield`
+    /// begun before it belongs to an earlier deep dive and is not streamed.
+    pub deep_dive_since_ns: u64,
 }
 
 /// Words of [`Config::unaccounted`].
@@ -183,6 +186,13 @@ pub struct ThreadStats {
     pub view_tid: u32,
     /// The process's id in the daemon's PID namespace.
     pub view_tgid: u32,
+    /// Deep dives only: entry time of the first `sched_yield` of the run of them the thread
+    /// is in (0: none). A run is streamed as one entry and one [`event::YIELDS`].
+    pub yield_run_ns: u64,
+    /// Exit time of the run's last `sched_yield` so far.
+    pub yield_last_exit_ns: u64,
+    /// Calls in the run so far.
+    pub yield_calls: u64,
 }
 
 /// Key of [`map::SYSCALL_STATS`].
@@ -232,7 +242,20 @@ pub mod event {
     pub const SYS_EXIT: u32 = 4;
     /// `tid` = exiting thread.
     pub const EXIT: u32 = 5;
+    /// The exit of the last call of a run of `sched_yield` (a spin-wait): `tid` = caller,
+    /// `arg0` = syscall number, `arg1` = calls in the run. The run's first entry is a
+    /// [`SYS_ENTER`]; the calls between stream nothing. A run ends at the thread's next other
+    /// syscall, at a switch out of it between two calls, at its exit, or when a call begins
+    /// more than [`super::YIELD_RUN_GAP_NS`] after the previous one ended.
+    pub const YIELDS: u32 = 6;
 }
+
+/// Longest user-mode gap between two `sched_yield` calls of one run (see [`event::YIELDS`]):
+/// vLLM's engine core spins at one call every ~3 µs while it waits for its worker.
+pub const YIELD_RUN_GAP_NS: u64 = 20_000;
+
+/// `sched_yield`'s number on x86_64.
+pub const SYS_SCHED_YIELD: u32 = 24;
 
 /// One raw deep-dive event (32 bytes).
 #[repr(C)]

@@ -25,7 +25,7 @@ use aya_ebpf::{
 use probe_common::{
     event, hist_bucket, state, Config, Event, SyscallKey, SyscallStats, ThreadStats,
     EVENT_RING_BYTES, HIST_BUCKETS, MAX_SYSCALL_KEYS, MAX_THREADS, MAX_WATCHED, OUTSIDE_VIEW,
-    TGID_WORDS,
+    SYS_SCHED_YIELD, TGID_WORDS, YIELD_RUN_GAP_NS,
 };
 
 #[map]
@@ -277,6 +277,26 @@ fn emit(cfg: &Config, kind: u32, tid: u32, ts_ns: u64, arg0: u64, arg1: u64) {
     }
 }
 
+/// Ends `s`'s run of `sched_yield` calls, if one is open: streams its last exit with the
+/// number of calls (unless the run began before this deep dive).
+#[inline(always)]
+fn end_yield_run(cfg: &Config, s: &mut ThreadStats, id: u32) {
+    if s.yield_run_ns == 0 {
+        return;
+    }
+    if s.yield_run_ns >= cfg.deep_dive_since_ns {
+        emit(
+            cfg,
+            event::YIELDS,
+            id,
+            s.yield_last_exit_ns,
+            u64::from(SYS_SCHED_YIELD),
+            s.yield_calls,
+        );
+    }
+    s.yield_run_ns = 0;
+}
+
 /// sched_switch(bool preempt, task_struct *prev, task_struct *next, unsigned int prev_state)
 #[inline(always)]
 fn on_sched_switch(ctx: *mut core::ffi::c_void, args: Args) -> u32 {
@@ -328,6 +348,11 @@ fn on_sched_switch(ctx: *mut core::ffi::c_void, args: Args) -> u32 {
             }
         }
         prev_view = s.view_tid;
+        // Switched out between two calls of a run: the run ends before the switch, so that
+        // the timeline does not take a preemption for a yield.
+        if cfg.deep_dive != 0 && s.sys_nr != SYS_SCHED_YIELD {
+            end_yield_run(cfg, s, view_tid(cfg, prev_tid, prev_view));
+        }
         if s.state == state::RUNNING || s.state == state::UNKNOWN_RUNNABLE {
             s.on_cpu_ns += now.saturating_sub(s.mark_ns);
         }
@@ -441,7 +466,9 @@ fn on_exit(_ctx: *mut core::ffi::c_void, _args: Args) -> u32 {
     s.exit_ns = now;
     s.exit_comm = bpf_get_current_comm().unwrap_or_default();
     if cfg.deep_dive != 0 {
-        emit(cfg, event::EXIT, view_tid(cfg, tid, s.view_tid), now, 0, 0);
+        let id = view_tid(cfg, tid, s.view_tid);
+        end_yield_run(cfg, s, id);
+        emit(cfg, event::EXIT, id, now, 0, 0);
     }
     0
 }
@@ -463,14 +490,25 @@ fn on_sys_enter(ctx: *mut core::ffi::c_void, _args: Args) -> u32 {
     s.sys_nr = nr;
     s.sys_enter_ns = now;
     if cfg.deep_dive != 0 {
-        emit(
-            cfg,
-            event::SYS_ENTER,
-            view_tid(cfg, tid, s.view_tid),
-            now,
-            nr as u64,
-            0,
-        );
+        let id = view_tid(cfg, tid, s.view_tid);
+        if nr == SYS_SCHED_YIELD {
+            // A spin of sched_yield streams one entry and one exit per run, not two events
+            // a call (vLLM's engine core makes ~300k calls a second while it waits).
+            if s.yield_run_ns != 0
+                && now.saturating_sub(s.yield_last_exit_ns) <= YIELD_RUN_GAP_NS
+                && s.yield_run_ns >= cfg.deep_dive_since_ns
+            {
+                s.yield_calls += 1;
+                return 0;
+            }
+            end_yield_run(cfg, s, id);
+            s.yield_run_ns = now;
+            s.yield_last_exit_ns = now;
+            s.yield_calls = 1;
+        } else {
+            end_yield_run(cfg, s, id);
+        }
+        emit(cfg, event::SYS_ENTER, id, now, nr as u64, 0);
     }
     0
 }
@@ -544,7 +582,11 @@ fn on_sys_exit(ctx: *mut core::ffi::c_void, args: Args) -> u32 {
         sc.hist[hist_bucket(latency) & (HIST_BUCKETS - 1)] += 1;
     }
     if cfg.deep_dive != 0 {
-        emit(cfg, event::SYS_EXIT, id, now, nr as u64, ret as u64);
+        if nr == SYS_SCHED_YIELD && s.yield_run_ns != 0 {
+            s.yield_last_exit_ns = now;
+        } else {
+            emit(cfg, event::SYS_EXIT, id, now, nr as u64, ret as u64);
+        }
     }
     0
 }

@@ -263,9 +263,9 @@ pub fn render_table(r: &ProbeReport) -> String {
         let _ =
             writeln!(
             out,
-            "deep dive: {} events ({:.0}/s): switch {} wakeup {} sys_enter {} sys_exit {} exit {}",
+            "deep dive: {} events ({:.0}/s): switch {} wakeup {} sys_enter {} sys_exit {} sched_yield runs {} exit {}",
             d.events.total, d.events_per_sec, d.events.switch, d.events.wakeup,
-            d.events.sys_enter, d.events.sys_exit, d.events.exit
+            d.events.sys_enter, d.events.sys_exit, d.events.yield_runs, d.events.exit
         );
     }
     if let Some(progs) = &r.programs {

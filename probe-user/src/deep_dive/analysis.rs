@@ -148,7 +148,7 @@ pub fn features(
             }
             for spans in timeline.syscalls.values() {
                 for s in overlapping(spans, cy.start, cy.end) {
-                    let name = syscall_names::name(s.what);
+                    let name = syscall_names::name(s.what.nr);
                     if WAIT_SYSCALLS.contains(&name.as_str()) {
                         continue;
                     }
@@ -450,6 +450,68 @@ mod tests {
             ]
             .into()
         );
+    }
+
+    /// A run of sched_yield calls, as the probes stream it: its first entry, a switch inside
+    /// one of its calls (a yield that gave the CPU away), and one YIELDS event at its last
+    /// exit with the number of calls; then another syscall.
+    #[test]
+    fn a_run_of_yields_is_one_span_with_its_calls() {
+        let c = Collected {
+            end_ns: 500,
+            kernel: vec![
+                switch(0, 10, 11, 0, false),
+                sched_yield(90, 11, true),
+                switch(100, 11, 10, 0, false),
+                switch(300, 10, 11, 0, true),
+                Event {
+                    ts_ns: 350,
+                    kind: event::YIELDS as u16,
+                    tid: 11,
+                    arg0: libc::SYS_sched_yield as u64,
+                    arg1: 40,
+                    ..Event::default()
+                },
+                Event {
+                    ts_ns: 360,
+                    kind: event::SYS_ENTER as u16,
+                    tid: 11,
+                    arg0: libc::SYS_read as u64,
+                    ..Event::default()
+                },
+                Event {
+                    ts_ns: 370,
+                    kind: event::SYS_EXIT as u16,
+                    tid: 11,
+                    arg0: libc::SYS_read as u64,
+                    arg1: 8,
+                    ..Event::default()
+                },
+            ],
+            threads: [(
+                11,
+                ThreadInfo {
+                    pid: 1,
+                    comm: "spinner".into(),
+                    ns_tid: None,
+                },
+            )]
+            .into(),
+            ..Collected::default()
+        };
+        let t = Timeline::build(&c);
+        let spans: Vec<(u64, u64, u64)> = t.syscalls[&11]
+            .iter()
+            .map(|s| (s.start, s.end, s.what.calls))
+            .collect();
+        assert_eq!(spans, [(90, 350, 40), (360, 370, 1)]);
+        assert_eq!(t.syscalls[&11][0].what.nr as i64, libc::SYS_sched_yield);
+        let yielded: Vec<(u64, u64)> = t.states[&11]
+            .iter()
+            .filter(|s| s.what == State::Yielded)
+            .map(|s| (s.start, s.end))
+            .collect();
+        assert_eq!(yielded, [(100, 300)]);
     }
 
     #[test]

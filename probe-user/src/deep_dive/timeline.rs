@@ -47,13 +47,24 @@ pub struct Span<T> {
     pub what: T,
 }
 
+/// A syscall span: one call, or a run of `sched_yield` calls that the probes streamed as one
+/// ([`event::YIELDS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Syscall {
+    /// Syscall number.
+    pub nr: u32,
+    /// Calls the span holds: 1, more for a run of `sched_yield`, 0 when the capture ended
+    /// before the span did.
+    pub calls: u64,
+}
+
 /// Per-thread spans derived from the kernel events.
 #[derive(Debug, Default)]
 pub struct Timeline {
     /// Thread states, per thread in time order, non-overlapping.
     pub states: BTreeMap<u32, Vec<Span<State>>>,
-    /// Syscalls, per thread in time order, non-overlapping (syscall number).
-    pub syscalls: BTreeMap<u32, Vec<Span<u32>>>,
+    /// Syscalls, per thread in time order, non-overlapping.
+    pub syscalls: BTreeMap<u32, Vec<Span<Syscall>>>,
 }
 
 /// Closes `tid`'s current state at `ts` and starts `next` (if any).
@@ -131,13 +142,14 @@ impl Timeline {
                 event::SYS_ENTER if ours(e.tid) => {
                     open_sys.insert(e.tid, (e.arg0 as u32, ts));
                 }
-                event::SYS_EXIT if ours(e.tid) => {
+                kind @ (event::SYS_EXIT | event::YIELDS) if ours(e.tid) => {
                     if let Some((nr, start)) = open_sys.remove(&e.tid) {
                         if nr == e.arg0 as u32 {
+                            let calls = if kind == event::YIELDS { e.arg1 } else { 1 };
                             t.syscalls.entry(e.tid).or_default().push(Span {
                                 start,
                                 end: ts,
-                                what: nr,
+                                what: Syscall { nr, calls },
                             });
                         }
                     }
@@ -154,7 +166,7 @@ impl Timeline {
                 t.syscalls.entry(tid).or_default().push(Span {
                     start,
                     end: c.end_ns,
-                    what: nr,
+                    what: Syscall { nr, calls: 0 },
                 });
             }
         }

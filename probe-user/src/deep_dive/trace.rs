@@ -275,7 +275,10 @@ pub fn write<W: Write>(
             let t =
                 b.w.child(thread, &format!("{} {tid} syscalls", info.comm))?;
             for s in sys {
-                b.slice(t, s.start, s.end, &syscall_names::name(s.what), &[])?;
+                let name = syscall_names::name(s.what.nr);
+                let calls = [Arg::new("calls", Value::Uint(s.what.calls))];
+                let args: &[Arg<'_>] = if s.what.calls > 1 { &calls } else { &[] };
+                b.slice(t, s.start, s.end, &name, args)?;
             }
         }
         if let Some(samples) = samples_by_tid.get(tid) {

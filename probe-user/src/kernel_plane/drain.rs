@@ -26,6 +26,8 @@ pub struct EventCounts {
     pub sys_enter: u64,
     /// sys_exit events.
     pub sys_exit: u64,
+    /// Ends of runs of `sched_yield` calls, each standing for the exits of its calls.
+    pub yield_runs: u64,
     /// Thread exit events.
     pub exit: u64,
 }
@@ -39,6 +41,7 @@ impl EventCounts {
             WAKEUP => self.wakeup += 1,
             SYS_ENTER => self.sys_enter += 1,
             SYS_EXIT => self.sys_exit += 1,
+            YIELDS => self.yield_runs += 1,
             EXIT => self.exit += 1,
             _ => {}
         }

@@ -194,6 +194,7 @@ impl KernelPlane {
             regs_nr_off: offsets.regs_nr.unwrap_or(0),
             unaccounted: unaccounted(UNACCOUNTED_SYSCALLS),
             syscalls_since_ns: 0,
+            deep_dive_since_ns: 0,
         };
         config_map
             .set(0, config, 0)
@@ -334,12 +335,15 @@ impl KernelPlane {
     /// Switches the raw event stream on or off (and, after
     /// [`KernelPlane::syscalls_in_deep_dives_only`], the syscall hooks with it).
     pub fn set_deep_dive(&mut self, on: bool) -> Result<()> {
+        if on {
+            self.config.deep_dive_since_ns = clock::monotonic_ns();
+        }
         if self.syscalls_always {
             self.config.deep_dive = u32::from(on);
             return self.write_config("switching deep-dive mode");
         }
         if on {
-            self.config.syscalls_since_ns = clock::monotonic_ns();
+            self.config.syscalls_since_ns = self.config.deep_dive_since_ns;
             self.config.deep_dive = 1;
             self.write_config("switching deep-dive mode")?;
             self.attach_syscalls()
