@@ -106,8 +106,9 @@ pub struct Config {
     /// that sys_exit can tell an unaccounted syscall without a map lookup; 0: unknown.
     pub regs_nr_off: u32,
     /// Syscalls (a bitmap of numbers below 512) left out of the accounting outside deep dives:
-    /// their threads' time in them still counts as running or runnable. Deep dives stream them
-    /// all (the timeline tells a yield from a preemption by them).
+    /// their threads' time in them still counts as running or runnable. Deep dives account
+    /// them all, and stream a spin of `sched_yield` as runs ([`event::YIELDS`]) so that the
+    /// timeline still tells a yield from a preemption.
     pub unaccounted: [u64; UNACCOUNTED_WORDS],
     /// A syscall exit whose entry was seen before this (ns, CLOCK_MONOTONIC) is not accounted:
     /// the daemon attaches the syscall hooks for deep dives only, so a thread's last seen
