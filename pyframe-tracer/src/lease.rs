@@ -62,12 +62,22 @@ mod tests {
         let ring = Arc::new(Ring::create(&dir, 2, 4).unwrap());
         let _ = std::fs::remove_file(&dir);
         ring.heartbeat(1);
+        // Renewals every 10 ms; waits bounded by seconds, not by the period, so that a loaded
+        // host that runs the keeper late does not fail the test.
+        let after = |than: u64| {
+            let limit = std::time::Instant::now() + Duration::from_secs(5);
+            loop {
+                let now = ring.read_heartbeat();
+                if now > than || std::time::Instant::now() > limit {
+                    return now;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
         let keeper = LeaseKeeper::start(ring.clone(), Duration::from_millis(100)).unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        let renewed = ring.read_heartbeat();
+        let renewed = after(1);
         assert!(renewed > 1, "never renewed");
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(ring.read_heartbeat() > renewed, "renewed only once");
+        assert!(after(renewed) > renewed, "renewed only once");
         drop(keeper);
         let last = ring.read_heartbeat();
         std::thread::sleep(Duration::from_millis(50));
