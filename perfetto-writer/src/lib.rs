@@ -381,17 +381,17 @@ impl<W: Write> TraceWriter<W> {
         Ok(i)
     }
 
-    /// The stamp of an event at `ts` on sequence `i`: the delta since the track's previous
-    /// event, or, for an event earlier than that, `ts` itself on CLOCK_MONOTONIC (written
-    /// as it is so that nothing is lost; the reader reports the disorder).
-    fn stamp(&mut self, i: usize, ts: u64) -> (u64, Option<u32>) {
+    /// Sequence `i`'s id and the stamp of an event at `ts` on it: the delta since the track's
+    /// previous event, or, for an event earlier than that, `ts` itself on CLOCK_MONOTONIC
+    /// (written as it is so that nothing is lost; the reader reports the disorder).
+    fn stamp(&mut self, i: usize, ts: u64) -> (u32, u64, Option<u32>) {
         let seq = self.sequences[i].as_mut().expect("the sequence is open");
         match ts.checked_sub(seq.last_ts) {
             Some(delta) => {
                 seq.last_ts = ts;
-                (delta, None)
+                (seq.id, delta, None)
             }
-            None => (ts, Some(BuiltinClock::Monotonic as u32)),
+            None => (seq.id, ts, Some(BuiltinClock::Monotonic as u32)),
         }
     }
 
@@ -436,8 +436,7 @@ impl<W: Write> TraceWriter<W> {
             .collect();
         let has_interned =
             !interned.event_names.is_empty() || !interned.debug_annotation_names.is_empty();
-        let id = seq.id;
-        let (timestamp, timestamp_clock_id) = self.stamp(i, ts);
+        let (id, timestamp, timestamp_clock_id) = self.stamp(i, ts);
         self.events += 1;
         self.packet(&TracePacket {
             timestamp: Some(timestamp),
@@ -472,8 +471,7 @@ impl<W: Write> TraceWriter<W> {
         counter: Option<f64>,
     ) -> std::io::Result<()> {
         use prost::encoding::{encode_key, encode_varint, WireType};
-        let id = self.sequences[i].as_ref().expect("the sequence is open").id;
-        let (timestamp, clock) = self.stamp(i, ts);
+        let (id, timestamp, clock) = self.stamp(i, ts);
         let mut event = [0u8; 48];
         let mut e = &mut event[..];
         encode_key(9, WireType::Varint, &mut e);

@@ -365,28 +365,39 @@ mod tests {
         }
     }
 
-    /// `tid` enters (or leaves) sched_yield.
-    fn sched_yield(ts_ns: u64, tid: u32, enter: bool) -> Event {
+    /// A syscall event of `kind` (entry, exit or the end of a run of yields) by `tid`.
+    fn syscall(ts_ns: u64, kind: u32, tid: u32, nr: i64, arg1: u64) -> Event {
         Event {
             ts_ns,
-            kind: if enter {
-                event::SYS_ENTER
-            } else {
-                event::SYS_EXIT
-            } as u16,
+            kind: kind as u16,
             tid,
-            arg0: libc::SYS_sched_yield as u64,
+            arg0: nr as u64,
+            arg1,
             ..Event::default()
+        }
+    }
+
+    /// `tid` enters (or leaves) sched_yield.
+    fn sched_yield(ts_ns: u64, tid: u32, enter: bool) -> Event {
+        let kind = if enter {
+            event::SYS_ENTER
+        } else {
+            event::SYS_EXIT
+        };
+        syscall(ts_ns, kind, tid, libc::SYS_sched_yield, 0)
+    }
+
+    /// A thread of process 1.
+    fn thread(comm: &str) -> ThreadInfo {
+        ThreadInfo {
+            pid: 1,
+            comm: comm.into(),
+            ns_tid: None,
         }
     }
 
     #[test]
     fn a_yield_is_not_contention_and_is_left_out_of_the_ranking() {
-        let thread = |comm: &str| ThreadInfo {
-            pid: 1,
-            comm: comm.into(),
-            ns_tid: None,
-        };
         let c = Collected {
             end_ns: 500,
             kernel: vec![
@@ -464,39 +475,11 @@ mod tests {
                 sched_yield(90, 11, true),
                 switch(100, 11, 10, 0, false),
                 switch(300, 10, 11, 0, true),
-                Event {
-                    ts_ns: 350,
-                    kind: event::YIELDS as u16,
-                    tid: 11,
-                    arg0: libc::SYS_sched_yield as u64,
-                    arg1: 40,
-                    ..Event::default()
-                },
-                Event {
-                    ts_ns: 360,
-                    kind: event::SYS_ENTER as u16,
-                    tid: 11,
-                    arg0: libc::SYS_read as u64,
-                    ..Event::default()
-                },
-                Event {
-                    ts_ns: 370,
-                    kind: event::SYS_EXIT as u16,
-                    tid: 11,
-                    arg0: libc::SYS_read as u64,
-                    arg1: 8,
-                    ..Event::default()
-                },
+                syscall(350, event::YIELDS, 11, libc::SYS_sched_yield, 40),
+                syscall(360, event::SYS_ENTER, 11, libc::SYS_read, 0),
+                syscall(370, event::SYS_EXIT, 11, libc::SYS_read, 8),
             ],
-            threads: [(
-                11,
-                ThreadInfo {
-                    pid: 1,
-                    comm: "spinner".into(),
-                    ns_tid: None,
-                },
-            )]
-            .into(),
+            threads: [(11, thread("spinner"))].into(),
             ..Collected::default()
         };
         let t = Timeline::build(&c);
