@@ -248,8 +248,20 @@ fn tracers(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// `f` run with this thread at SCHED_FIFO priority 1, then back at SCHED_OTHER.
-fn realtime<T>(f: impl FnOnce() -> T) -> T {
+/// `f` run with this thread on CPU 0 (the toy engine's, see `start_toy`) at SCHED_FIFO
+/// priority 2, above the remote-call helper's 1; then back on its CPUs at SCHED_OTHER.
+/// Children would inherit both, so only waits and kills run inside.
+fn holding_the_engines_cpu<T>(f: impl FnOnce() -> T) -> T {
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: cpu_set_t is plain data; all zeros is the empty set.
+    let mut before: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let mut engine = before;
+    // SAFETY: pid 0 is the calling thread; the sets outlive the calls.
+    unsafe {
+        assert_eq!(libc::sched_getaffinity(0, size, &mut before), 0);
+        libc::CPU_SET(0, &mut engine);
+        assert_eq!(libc::sched_setaffinity(0, size, &engine), 0);
+    }
     let set = |policy, priority| {
         let param = libc::sched_param {
             sched_priority: priority,
@@ -263,20 +275,41 @@ fn realtime<T>(f: impl FnOnce() -> T) -> T {
             std::io::Error::last_os_error()
         );
     };
-    set(libc::SCHED_FIFO, 1);
+    set(libc::SCHED_FIFO, 2);
     let out = f();
     set(libc::SCHED_OTHER, 0);
+    // SAFETY: as above.
+    unsafe { assert_eq!(libc::sched_setaffinity(0, size, &before), 0) };
     out
+}
+
+/// SIGKILLs `child` and reaps it without leaving the CPU: spins on `try_wait` for up to
+/// `spin`, then blocks (on a single-CPU host the child could not exit while this spins above
+/// it). Returns once it is reaped.
+fn kill_spinning(child: &mut Child, spin: Duration) {
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let until = Instant::now() + spin;
+    while Instant::now() < until {
+        if child.try_wait().unwrap().is_some() {
+            return;
+        }
+        std::hint::spin_loop();
+    }
+    child.wait().unwrap();
 }
 
 /// The daemon SIGKILLed the moment a thread of the engine is traced, i.e. while a remote call
 /// is under way (in the old design this killed the engine: the thread ran on from registers
 /// pointing into the call). The helper process that owns the call must finish it and let the
 /// thread go, the engine must keep stepping, and the probe so installed must remove itself at
-/// lease end. The kernel's ptrace events time the attach and the detach: a kill counts only
-/// when the detach came after the daemon was dead and reaped (the call can end before that;
-/// then the test tries again). `cargo xtask test` kills 3 times;
-/// `STALLSCOPE_CHAOS_TRACED_KILLS` sets the count.
+/// lease end. The call lasts about as long as the daemon takes to die (1-2 ms), so the test
+/// holds the call open: it waits for the attach on the engine's only CPU at a real-time
+/// priority above the helper's, and from the attach until the daemon is reaped it keeps that
+/// CPU, so the traced thread cannot run the call's steps. The kernel's ptrace events time the
+/// attach and the detach: a kill counts only when the detach came after the daemon was dead
+/// and reaped. `cargo xtask test` kills 3 times; `STALLSCOPE_CHAOS_TRACED_KILLS` sets the
+/// count.
 #[test]
 fn a_daemon_killed_mid_remote_call_leaves_the_engine_stepping() {
     require_root();
@@ -295,22 +328,18 @@ fn a_daemon_killed_mid_remote_call_leaves_the_engine_stepping() {
     let start_ns = monotonic_ns();
     let (mut i, mut late) = (0, 0);
     while i < count {
-        // About half the kills land in time on a 2-vCPU machine: the call lasts ~2 ms and the
-        // daemon takes ~1.3 ms to die.
         assert!(
             late <= 10 * count,
             "{late} daemons were reaped after their remote call had ended"
         );
         let spawned_ns = monotonic_ns();
         let (_, mut daemon) = spawn_daemon(&dir, pid, &format!("daemon-{i}-{late}.log"));
-        // Real-time only while waiting (children would inherit it): the kill then follows the
-        // attach at once instead of after the helper's and the daemon's time slices.
-        let (attach, killed_ns) = realtime(|| {
+        let (attach, killed_ns) = holding_the_engines_cpu(|| {
             let attach = events.next_ptrace(Instant::now() + Duration::from_secs(30), |e| {
                 // Older events (a killed daemon's helper's later calls) are left in the socket.
                 e.tgid == pid && e.tracer_tgid != 0 && e.at_ns >= spawned_ns
             });
-            kill(&mut daemon);
+            kill_spinning(&mut daemon, Duration::from_millis(200));
             (attach, monotonic_ns())
         });
         let attach = attach
