@@ -120,6 +120,10 @@ pub struct Baseline {
     pub ucl: Ucl,
     /// The regressor.
     pub gbdt: Gbdt,
+    /// Median duration of the training steps that computed no token, µs (see
+    /// [`Baseline::predict`]); none when there were none (and in models saved before it).
+    #[serde(default)]
+    pub empty_step_us: Option<f64>,
     /// The regressor laid out for prediction (built from `gbdt` when fitted or read; empty
     /// when it cannot be: then `gbdt` is walked).
     #[serde(skip)]
@@ -131,6 +135,17 @@ pub struct Baseline {
 #[inline]
 pub fn positive_error(actual_us: f64, predicted_us: f64, epsilon_us: f64) -> f64 {
     ((actual_us - predicted_us) / (actual_us + epsilon_us)).max(0.0)
+}
+
+/// The median duration of the samples that computed no token.
+fn empty_step_us(samples: &[Sample]) -> Option<f64> {
+    let mut d: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.workload.tokens == 0.0)
+        .map(|s| s.duration_us)
+        .collect();
+    d.sort_by(f64::total_cmp);
+    d.get(d.len() / 2).copied()
 }
 
 fn fit_gbdt(samples: &[Sample], params: &GbdtParams) -> Result<Gbdt, ModelError> {
@@ -164,9 +179,13 @@ impl Baseline {
                 .chain(&samples[hi..])
                 .copied()
                 .collect();
-            let m = fit_gbdt(&train, &params.gbdt)?;
+            let (m, empty) = (fit_gbdt(&train, &params.gbdt)?, empty_step_us(&train));
             for i in lo..hi {
-                oof[i] = m.predict(&samples[i].workload.features());
+                let w = &samples[i].workload;
+                oof[i] = match empty {
+                    Some(e) if w.tokens == 0.0 => e,
+                    _ => m.predict(&w.features()),
+                };
             }
         }
         let actual: Vec<f64> = samples.iter().map(|s| s.duration_us).collect();
@@ -195,6 +214,7 @@ impl Baseline {
                     .max(params.theta_min),
             },
             gbdt: fit_gbdt(samples, &params.gbdt)?,
+            empty_step_us: empty_step_us(samples),
             compiled: Compiled::default(),
         }
         .compiled())
@@ -206,9 +226,16 @@ impl Baseline {
         self
     }
 
-    /// Predicted duration of an iteration, µs.
+    /// Predicted duration of an iteration, µs. A step that computed no token (0 `tokens`:
+    /// every request of its batch had finished) ran no model, so the regressor, which scales
+    /// with the work, does not describe it: it is predicted at the median of such steps in
+    /// training, where there were any. A live engine's profile counts only steps that run
+    /// the model, so only tables (LatencyPrism's, see [`crate::steps`]) have them.
     #[inline]
     pub fn predict(&self, w: &Workload) -> f64 {
+        if let Some(e) = self.empty_step_us.filter(|_| w.tokens == 0.0) {
+            return e;
+        }
         if self.compiled.is_empty() {
             self.gbdt.predict(&w.features())
         } else {
@@ -301,6 +328,30 @@ mod tests {
             Baseline::from_json(&wrong),
             Err(ModelError::Corrupt(_))
         ));
+    }
+
+    #[test]
+    fn steps_that_computed_nothing_are_predicted_apart() {
+        let mut data = synthetic(1000, 4);
+        let busy = data[0].workload;
+        for (i, s) in data.iter_mut().enumerate().take(30) {
+            s.workload.tokens = 0.0;
+            s.duration_us = 300.0 + i as f64;
+        }
+        let b = Baseline::fit(&data, &BaselineParams::default(), fp()).unwrap();
+        assert_eq!(b.empty_step_us, Some(315.0));
+        let empty = Workload {
+            tokens: 0.0,
+            ..busy
+        };
+        assert_eq!(b.predict(&empty), 315.0);
+        assert!(b.predict(&data[500].workload) > 1000.0);
+        // A model saved before the field existed still loads, with none.
+        let old = b.to_json().replace(",\"empty_step_us\":315.0", "");
+        assert!(!old.contains("empty_step_us"));
+        let old = Baseline::from_json(&old).unwrap();
+        assert_eq!(old.empty_step_us, None);
+        assert_ne!(old.predict(&empty), 315.0);
     }
 
     #[test]

@@ -24,8 +24,10 @@ pub struct Row {
 pub const WORKLOAD_COLUMNS: [&str; 3] = ["batch_size", "avg_input_length", "avg_output_length"];
 
 /// Parses CSV text with a header. `need_duration`: fitting needs `duration_us`.
-/// `num_tokens` is optional (a decode step computes one token per request, so it defaults
-/// to `batch_size`).
+/// `num_tokens` is optional: without it, a table with `job_name`, `start_ts` and
+/// `max_output_length` (vLLM's iteration log as LatencyPrism publishes it) gets each step's
+/// tokens reconstructed from its job's next row ([`crate::steps`]); any other table, one token
+/// per request (a decode step's).
 pub fn parse_csv(text: &str, need_duration: bool) -> Result<Vec<Row>, ModelError> {
     let mut r = csv::ReaderBuilder::new()
         .trim(csv::Trim::All)
@@ -52,14 +54,17 @@ pub fn parse_csv(text: &str, need_duration: bool) -> Result<Vec<Row>, ModelError
         )));
     }
     let [b, li, lo] = WORKLOAD_COLUMNS.map(|c| col(c).expect("checked"));
-    let (dur, job, start, tokens, stage) = (
+    let (dur, job, start, tokens, stage, max_out) = (
         col("duration_us"),
         col("job_name"),
         col("start_ts"),
         col("num_tokens"),
         col("stage"),
+        col("max_output_length"),
     );
-    let mut rows = Vec::new();
+    let reconstruct = tokens.is_none() && job.is_some() && start.is_some();
+    let max_out = max_out.filter(|_| reconstruct);
+    let (mut rows, mut logged) = (Vec::new(), Vec::new());
     for (i, rec) in r.records().enumerate() {
         let line = i + 2;
         let rec = rec.map_err(|e| ModelError::Data(format!("line {line}: {e}")))?;
@@ -87,6 +92,11 @@ pub fn parse_csv(text: &str, need_duration: bool) -> Result<Vec<Row>, ModelError
                 )))
             }
         };
+        if let Some(c) = max_out {
+            logged.push(crate::steps::Logged {
+                max_output: num(c)?,
+            });
+        }
         rows.push(Row {
             stage,
             job: job.and_then(|c| rec.get(c)).unwrap_or("").to_string(),
@@ -102,6 +112,9 @@ pub fn parse_csv(text: &str, need_duration: bool) -> Result<Vec<Row>, ModelError
     }
     if need_duration && rows.iter().any(|r| r.duration_us.is_some_and(|d| d <= 0.0)) {
         return Err(ModelError::Data("a duration_us is zero".into()));
+    }
+    if max_out.is_some() {
+        crate::steps::reconstruct_tokens(&mut rows, &logged);
     }
     Ok(rows)
 }

@@ -14,6 +14,7 @@ pub mod recalibration;
 pub mod root_cause;
 pub mod sentinel;
 pub mod stage;
+pub mod steps;
 pub mod synthetic;
 
 pub use baseline::{Baseline, BaselineParams, Fingerprint, Sample};

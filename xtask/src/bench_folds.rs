@@ -1,12 +1,14 @@
 //! `cargo xtask bench --only sentinel` (part): the baseline on LatencyPrism's real vLLM
 //! iterations (`../shared/datasets/latencyprism/normal_vllm.csv`, outside the repository),
 //! 5-fold cross-validation grouped by job: the jobs are shuffled by a seeded hash and dealt
-//! into 5 folds, each held out once. Every row stays in the evaluation; beside MAPE each fold
-//! reports the median error, the share of the summed error carried by the worst 1 % of rows,
-//! and the rows that last under 5 % of their job's median step (steps that computed nothing:
-//! LatencyPrism's single-request jobs log one such step, ~0.2-1 ms, each time the request
-//! finishes before the engine goes idle; stallscope's vLLM profile never counts them, since
-//! it counts a step only when the model runs).
+//! into 5 folds, each held out once. Every row stays in the evaluation, with the tokens
+//! `parse_csv` reconstructs for each step from its job's next row (`model::steps`); beside
+//! MAPE each fold reports the median error, the share of the summed error carried by the
+//! worst 1 % of rows, and the rows that last under 5 % of their job's median step (steps
+//! that computed nothing: LatencyPrism's single-request jobs log one such step, ~0.2-1 ms,
+//! each time the request finishes before the engine goes idle; the baseline predicts them
+//! at their training median, and stallscope's vLLM profile never counts them, since it
+//! counts a step only when the model runs).
 
 use std::collections::HashMap;
 

@@ -11,7 +11,8 @@ use model::{dataset::parse_csv, Baseline, BaselineParams, Fingerprint, Sample};
 #[derive(Debug, Args)]
 pub struct FitArgs {
     /// Iterations with duration_us, batch_size, avg_input_length, avg_output_length
-    /// (optional num_tokens).
+    /// (optional num_tokens; without it, tables with job_name, start_ts and
+    /// max_output_length get each step's tokens reconstructed from its job's next row).
     #[arg(long)]
     csv: PathBuf,
     /// Where to write the model (JSON).
@@ -43,7 +44,9 @@ pub struct PredictArgs {
     /// A model written by `stallscope fit` (or by the daemon in its state directory).
     #[arg(long)]
     model: PathBuf,
-    /// Iterations with batch_size, avg_input_length, avg_output_length (optional num_tokens).
+    /// Iterations with batch_size, avg_input_length, avg_output_length (optional num_tokens;
+    /// without it, tables with job_name, start_ts and max_output_length get each step's
+    /// tokens reconstructed from its job's next row).
     #[arg(long)]
     csv: PathBuf,
     /// Output format.
