@@ -19,8 +19,9 @@ mod common;
 use common::daemon::{config, metric, Daemon};
 use common::proc_events::ProcEvents;
 use common::{
-    expect_failure, free_port, http_request, require_root, stallscope, start_engine,
-    start_timed_engine, tmpdir,
+    expect_failure, free_port, http_request, pin_this_thread_to_cpu, require_root,
+    set_this_thread_affinity, stallscope, start_engine, start_timed_engine, this_thread_affinity,
+    tmpdir,
 };
 use sys_util::clock::monotonic_ns;
 
@@ -252,16 +253,8 @@ fn tracers(pid: u32) -> Vec<u32> {
 /// priority 2, above the remote-call helper's 1; then back on its CPUs at SCHED_OTHER.
 /// Children would inherit both, so only waits and kills run inside.
 fn holding_the_engines_cpu<T>(f: impl FnOnce() -> T) -> T {
-    let size = std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: cpu_set_t is plain data; all zeros is the empty set.
-    let mut before: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let mut engine = before;
-    // SAFETY: pid 0 is the calling thread; the sets outlive the calls.
-    unsafe {
-        assert_eq!(libc::sched_getaffinity(0, size, &mut before), 0);
-        libc::CPU_SET(0, &mut engine);
-        assert_eq!(libc::sched_setaffinity(0, size, &engine), 0);
-    }
+    let before = this_thread_affinity();
+    pin_this_thread_to_cpu(0);
     let set = |policy, priority| {
         let param = libc::sched_param {
             sched_priority: priority,
@@ -278,8 +271,7 @@ fn holding_the_engines_cpu<T>(f: impl FnOnce() -> T) -> T {
     set(libc::SCHED_FIFO, 2);
     let out = f();
     set(libc::SCHED_OTHER, 0);
-    // SAFETY: as above.
-    unsafe { assert_eq!(libc::sched_setaffinity(0, size, &before), 0) };
+    set_this_thread_affinity(&before);
     out
 }
 

@@ -28,8 +28,8 @@ use common::daemon::{config_on, Daemon};
 use common::netns::Net;
 use common::servers::{s3_object, start_alertmanager, start_prometheus, start_s3};
 use common::{
-    capture_start_unix_ns, expect_json, free_port, python_check, require_root, stallscope,
-    start_engine_in, start_hog, tmpdir, Proc, TOY_HOG,
+    capture_start_unix_ns, expect_json, free_port, pin_this_thread_to_cpu, python_check,
+    require_root, stallscope, start_engine_in, start_hog, tmpdir, Proc, TOY_HOG,
 };
 use perfetto_writer::read;
 
@@ -73,20 +73,6 @@ fn node_config(
         );
     std::fs::write(&cfg, text).unwrap();
     cfg
-}
-
-fn pin_this_thread_to_cpu(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-            0,
-            "sched_setaffinity: {}",
-            std::io::Error::last_os_error()
-        );
-    }
 }
 
 #[test]

@@ -442,3 +442,39 @@ pub fn start_hog(cpus: &str, hog: Hog) -> Proc {
             .arg(script),
     )
 }
+
+/// This thread's CPU mask.
+pub fn this_thread_affinity() -> libc::cpu_set_t {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is the calling thread; `set` outlives the call.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    assert_eq!(
+        rc,
+        0,
+        "sched_getaffinity: {}",
+        std::io::Error::last_os_error()
+    );
+    set
+}
+
+/// Sets this thread's CPU mask (children inherit it).
+pub fn set_this_thread_affinity(set: &libc::cpu_set_t) {
+    // SAFETY: pid 0 is the calling thread; `set` outlives the call.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(set), set) };
+    assert_eq!(
+        rc,
+        0,
+        "sched_setaffinity: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Pins this thread to `cpu` (children inherit it).
+pub fn pin_this_thread_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    set_this_thread_affinity(&set);
+}
