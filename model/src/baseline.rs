@@ -137,6 +137,16 @@ pub fn positive_error(actual_us: f64, predicted_us: f64, epsilon_us: f64) -> f64
     ((actual_us - predicted_us) / (actual_us + epsilon_us)).max(0.0)
 }
 
+/// The prediction for `w`: `empty_step_us` for a step that computed no token, where
+/// training had such steps (see [`Baseline::predict`]), else the regressor's.
+#[inline]
+fn predicted(empty_step_us: Option<f64>, w: &Workload, regressor: impl FnOnce() -> f64) -> f64 {
+    match empty_step_us {
+        Some(e) if w.tokens == 0.0 => e,
+        _ => regressor(),
+    }
+}
+
 /// The median duration of the samples that computed no token.
 fn empty_step_us(samples: &[Sample]) -> Option<f64> {
     let mut d: Vec<f64> = samples
@@ -182,10 +192,7 @@ impl Baseline {
             let (m, empty) = (fit_gbdt(&train, &params.gbdt)?, empty_step_us(&train));
             for i in lo..hi {
                 let w = &samples[i].workload;
-                oof[i] = match empty {
-                    Some(e) if w.tokens == 0.0 => e,
-                    _ => m.predict(&w.features()),
-                };
+                oof[i] = predicted(empty, w, || m.predict(&w.features()));
             }
         }
         let actual: Vec<f64> = samples.iter().map(|s| s.duration_us).collect();
@@ -233,14 +240,13 @@ impl Baseline {
     /// the model, so only tables (LatencyPrism's, see [`crate::steps`]) have them.
     #[inline]
     pub fn predict(&self, w: &Workload) -> f64 {
-        if let Some(e) = self.empty_step_us.filter(|_| w.tokens == 0.0) {
-            return e;
-        }
-        if self.compiled.is_empty() {
-            self.gbdt.predict(&w.features())
-        } else {
-            self.compiled.predict(&w.features())
-        }
+        predicted(self.empty_step_us, w, || {
+            if self.compiled.is_empty() {
+                self.gbdt.predict(&w.features())
+            } else {
+                self.compiled.predict(&w.features())
+            }
+        })
     }
 
     /// The model as JSON.
