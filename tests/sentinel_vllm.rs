@@ -515,7 +515,7 @@ fn sentinel_on_real_vllm() {
         .len();
 
     // A CPU hog on the engine's CPUs, about one decode step per spin: an alert within seconds.
-    let (hog, cpus, spin_ms) = start_step_hog(&server);
+    let (hog, cpus, spin_ms) = start_step_hog(&server, 1);
     let t = Instant::now();
     let status_at_hog = http_get(port, "/api/v1/status");
     let hog_alert = || {

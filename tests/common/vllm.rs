@@ -136,15 +136,26 @@ fn unix_now() -> u64 {
         .as_secs()
 }
 
-/// A CPU hog on the CPUs of the engine `server` (`vllm up`'s JSON) describes, spinning about
-/// one decode step at a time (the step `vllm up` measured; 40 ms if it did not say), so that
-/// every step is stretched: `(hog, its CPUs, its spin in ms)`.
-pub fn start_step_hog(server: &serde_json::Value) -> (super::Proc, String, f64) {
+/// A CPU hog on the CPUs of the engine `server` (`vllm up`'s JSON) describes, spinning for
+/// `1 / spins_per_step` of a decode step at a time (the step `vllm up` measured; 40 ms if it
+/// did not say): `(hog, its CPUs, its spin in ms)`.
+///
+/// One spin per step stretches each step of a plain server, whose forward pass needs every
+/// CPU. A pipelined server (`--pipeline-parallel-size 2`) runs each stage on its own CPUs, and
+/// locks its steps to a hog of one spin per step: the first stage runs in the hog's sleep and
+/// the second during its spin, so each step takes one hog period (1.5 steps; error 0.2-0.25,
+/// under a UCL near 0.3). A hog whose period is a fraction of a stage leaves no such gap: the
+/// hogged stage gets a third of its CPU throughout.
+pub fn start_step_hog(
+    server: &serde_json::Value,
+    spins_per_step: u32,
+) -> (super::Proc, String, f64) {
     let cpus = engine_cpus(server["engine_pid"].as_u64().unwrap());
     let spin_ms = server["sizing"]["decode_step_ms"]
         .as_f64()
         .unwrap_or(40.0)
-        .clamp(10.0, 100.0);
+        .clamp(10.0, 100.0)
+        / f64::from(spins_per_step.max(1));
     let hog = super::start_hog(
         &cpus,
         super::Hog::two_thirds(std::time::Duration::from_secs_f64(spin_ms / 1e3)),
