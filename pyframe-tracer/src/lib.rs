@@ -1,8 +1,7 @@
 //! The Python plane of stallscope: attach to a live CPython (3.10–3.13 by ptrace and a pending call, 3.14+ by
 //! PEP 768) without restarting it, time watched functions exactly and read their workload from arguments.
 //!
-//! - [`remote_call`]: the ptrace remote-call primitive ([`boost`]: the borrowed thread's policy
-//!   while it runs the calls); [`transaction`]: remote calls in a helper process that
+//! - [`remote_call`]: the ptrace remote-call primitive; [`transaction`]: remote calls in a helper process that
 //!   finishes them even if stallscope is killed.
 //! - [`python`], [`inject`], [`pep768`]: find the runtime and run Python source at a safe point.
 //! - `probe.py` (embedded): the code that runs inside the target.
@@ -12,7 +11,6 @@
 //! - [`session`]: one attachment, end to end.
 //! - [`sampling`]: py-spy stack samples (non-blocking) for deep dives and hang dumps.
 
-pub mod boost;
 pub mod error;
 pub mod inject;
 pub mod lease;

@@ -12,9 +12,7 @@
 //! A call: rsp moves below the red zone and 16-byte aligned, return address 0, args in rdi…r9, orig_rax = −1
 //! (so the interrupted syscall is not restarted over the call), continue, and catch the SIGSEGV at address 0.
 //! Signals that arrive for the thread meanwhile are held and re-delivered after detaching. Detaching leaves the
-//! target running, or stopped if it was stopped. While borrowed the thread runs at SCHED_FIFO
-//! ([`crate::boost`]), so that a saturated host does not stretch its calls; its policy is put back
-//! before it is let go. A borrow happens only inside a [`crate::transaction`], in a
+//! target running, or stopped if it was stopped. A borrow happens only inside a [`crate::transaction`], in a
 //! helper process that finishes it even if stallscope is killed (if the tracer died mid-call, the target would
 //! crash when the call returned to address 0).
 
@@ -30,7 +28,6 @@ use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use crate::boost::Boost;
 use crate::error::{Error, Result};
 use crate::memory::{ProcessMemory, RemoteMemory};
 use crate::procfs;
@@ -110,8 +107,6 @@ pub struct BorrowedThread {
     released: bool,
     stopped_at: Instant,
     options: Options,
-    /// Its policy before it was raised for the calls; put back before it is let go.
-    boost: Option<Boost>,
 }
 
 impl std::fmt::Debug for BorrowedThread {
@@ -215,8 +210,6 @@ impl BorrowedThread {
             regs.rax = regs.orig_rax;
         }
         let set = ptrace::setregs(self.tid, regs);
-        // The policy goes back while the thread is still stopped: it never runs its own code raised.
-        let reset = self.boost.take().map_or(Ok(()), Boost::restore);
         let mut signals = std::mem::take(&mut self.intercepted);
         let first = if signals.is_empty() {
             None
@@ -230,12 +223,7 @@ impl BorrowedThread {
             unsafe { libc::syscall(libc::SYS_tgkill, self.pid, self.tid.as_raw(), sig as i32) };
         }
         match (set, detached) {
-            (Ok(()), Ok(())) => match reset {
-                Ok(()) => Ok(held),
-                Err(e) => {
-                    Err(self.failed(format!("putting the thread's scheduling policy back: {e}")))
-                }
-            },
+            (Ok(()), Ok(())) => Ok(held),
             (Err(Errno::ESRCH), _) | (_, Err(Errno::ESRCH)) => Err(Error::TargetExited(self.pid)),
             (Err(e), _) | (_, Err(e)) => Err(self.failed(format!("restoring the thread: {e}"))),
         }
@@ -337,7 +325,6 @@ fn lend(
         released: false,
         stopped_at: Instant::now(),
         options,
-        boost: Boost::raise(tid),
     }
 }
 

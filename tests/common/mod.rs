@@ -443,32 +443,6 @@ pub fn start_hog(cpus: &str, hog: Hog) -> Proc {
     )
 }
 
-/// Each thread of `pid` with its scheduling policy, real-time priority and nice value, as
-/// `/proc/PID/task/TID/stat` gives them (fields 41, 40 and 19).
-pub fn thread_policies(pid: i32) -> std::collections::BTreeMap<u32, (u64, u64, i64)> {
-    let mut out = std::collections::BTreeMap::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .flatten()
-    {
-        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
-            continue;
-        };
-        // The fields after the command name, whose parentheses may hold anything: field 3 first.
-        let f: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-        let tid = task.file_name().to_string_lossy().parse().unwrap();
-        out.insert(
-            tid,
-            (
-                f[38].parse().unwrap(),
-                f[37].parse().unwrap(),
-                f[16].parse().unwrap(),
-            ),
-        );
-    }
-    out
-}
-
 /// This thread's CPU mask.
 pub fn this_thread_affinity() -> libc::cpu_set_t {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it.
