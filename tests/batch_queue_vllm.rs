@@ -78,7 +78,7 @@ fn attached_daemon(dir: &Path, engine_pid: u64, nudge: Option<(&Path, &Value)>) 
     let daemon = Daemon::start_with(dir, port, cfg);
     // An idle engine's main thread waits in a futex and cannot take the probe's attach
     // request: two short requests at a time until the daemon follows the engine. An engine
-    // under load takes it without (a nudge beside a load of 8 has failed).
+    // under load takes it without, and a `vllm load` started beside another one can fail.
     daemon.wait_for("attached engine", Duration::from_secs(120), |d| {
         let attached = d.engine().is_some_and(|e| e["pid"] == engine_pid);
         if let Some((xtask, server)) = nudge.filter(|_| !attached) {
@@ -181,9 +181,8 @@ fn batch_queue_iterations_match_vllms_log_and_a_hog_alerts() {
     // Steady load, a second daemon fitted on it, then a CPU hog on the first worker's CPUs.
     // The steps of a pipelined engine take one of two times at a batch size: all requests in
     // one batch wait for both stages, requests spread over the two batches in flight do not, and
-    // vLLM switches between the two within a load. A model fitted on the counted load alone
-    // (spread there, no batch of 8) predicted the steady load's batches of 8 at half their
-    // time and alerted before the hog (BENCHMARKS.md); the hog's model learns the load it slows.
+    // vLLM switches between the two within a load, so the counted load need not run the steady
+    // load's batch sizes at all (BENCHMARKS.md): the hog's model is fitted on the load it slows.
     let _steady = Proc::spawn(&mut load(
         &xtask,
         &server,

@@ -143,9 +143,9 @@ fn unix_now() -> u64 {
 /// One spin per step stretches each step of a plain server, whose forward pass needs every
 /// CPU. A pipelined server (`--pipeline-parallel-size 2`) runs each stage on its own CPUs, and
 /// locks its steps to a hog of one spin per step: the first stage runs in the hog's sleep and
-/// the second during its spin, so each step takes one hog period (1.5 steps; error 0.2-0.25,
-/// under a UCL near 0.3). A hog whose period is a fraction of a stage leaves no such gap: the
-/// hogged stage gets a third of its CPU throughout.
+/// the second during its spin, so each step takes one hog period (1.5 steps, an error near
+/// the UCL). A hog whose period is a fraction of a stage leaves no such gap: the hogged stage
+/// gets a third of its CPU throughout.
 pub fn start_step_hog(
     server: &serde_json::Value,
     spins_per_step: u32,
