@@ -87,11 +87,10 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-/// Whether the engine maps anything of stallscope's (the probe's ring).
+/// Whether the engine maps anything of stallscope's (the probe's ring) besides the probe's
+/// compiled writer, which stays loaded.
 fn probe_mapped(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .unwrap()
-        .contains("stallscope")
+    !common::stallscope_mappings(pid).is_empty()
 }
 
 /// Waits until the engine maps nothing of stallscope's; fails after `limit`, saying `when`.

@@ -135,13 +135,9 @@ impl Pod {
     }
 
     /// Whether a file of stallscope's (its ring, GPU channel or agent) is mapped in the
-    /// target. (The tests' own directories are named after stallscope too: file names only.)
+    /// target, the probe's compiled writer aside (it stays loaded).
     fn maps_mention_stallscope(&self) -> bool {
-        std::fs::read_to_string(format!("/proc/{}/maps", self.host_pid))
-            .unwrap()
-            .lines()
-            .filter_map(|l| l.rsplit('/').next())
-            .any(|name| name.starts_with("stallscope") || name.starts_with("libstallscope"))
+        !common::stallscope_mappings(self.host_pid).is_empty()
     }
 }
 

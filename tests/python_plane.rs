@@ -173,7 +173,34 @@ impl Target {
 }
 
 fn probe_json(pid: i32, duration: &str, watch: &[&str]) -> Value {
+    probe_json_by(pid, duration, watch, Writer::Native)
+}
+
+/// The probe's record writers: the compiled one (the default where the library is built, as
+/// in every test run) and the pure-Python fallback (`STALLSCOPE_PYPROBE=`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Writer {
+    Native,
+    Python,
+}
+
+impl Writer {
+    const ALL: [Writer; 2] = [Writer::Native, Writer::Python];
+
+    fn name(self) -> &'static str {
+        match self {
+            Writer::Native => "native",
+            Writer::Python => "python",
+        }
+    }
+}
+
+/// `stallscope probe --json` with records written by `writer`; the report says which did.
+fn probe_json_by(pid: i32, duration: &str, watch: &[&str], writer: Writer) -> Value {
     let mut cmd = stallscope();
+    if writer == Writer::Python {
+        cmd.env("STALLSCOPE_PYPROBE", "");
+    }
     cmd.args(["probe", "--pid", &pid.to_string()])
         .args(["--duration", duration, "--json"]);
     for w in watch {
@@ -188,16 +215,33 @@ fn median(mut v: Vec<i64>) -> i64 {
 }
 
 /// Every call made while attached is captured (no gap in the step sequence), each record encloses the
-/// target's own stamps within 20 µs median, and the extracted arguments equal what the target passed.
+/// target's own stamps within 20 µs median, and the extracted arguments equal what the target passed;
+/// by each record writer, on a fresh target each.
 fn check_capture(version: &str, mode: &str, min_calls: usize) {
     require_root();
-    check_capture_on(&Target::start(version, &[mode]), version, mode, min_calls);
+    for writer in Writer::ALL {
+        let target = Target::start(version, &[mode]);
+        check_capture_on(&target, version, mode, min_calls, writer);
+    }
 }
 
-/// [`check_capture`] on a running target; returns the probe's report.
-fn check_capture_on(target: &Target, version: &str, mode: &str, min_calls: usize) -> Value {
+/// [`check_capture`] on a running target by `writer`; returns the probe's report.
+fn check_capture_on(
+    target: &Target,
+    version: &str,
+    mode: &str,
+    min_calls: usize,
+    writer: Writer,
+) -> Value {
     target.wait_progress(20);
-    let report = probe_json(target.pid, "2s", &[SPEC]);
+    let report = probe_json_by(target.pid, "2s", &[SPEC], writer);
+    assert_eq!(
+        report["writer"],
+        writer.name(),
+        "{version} {mode}: the {} writer was asked for ({})",
+        writer.name(),
+        report["writer_note"]
+    );
     target.wait_progress(5);
     let ours = target.calls();
     let calls = report["calls"].as_array().expect("calls in the report");
@@ -243,7 +287,8 @@ fn check_capture_on(target: &Target, version: &str, mode: &str, min_calls: usize
     }
     let (enter, exit) = (median(enter_lag), median(exit_lag));
     eprintln!(
-        "{version} {mode}: {} calls, median enter lag {enter} ns, exit lag {exit} ns",
+        "{version} {mode} {}: {} calls, median enter lag {enter} ns, exit lag {exit} ns",
+        writer.name(),
         calls.len()
     );
     assert!(
@@ -264,7 +309,7 @@ fn captures_every_call_exactly_on_cpython_3_14_by_pep768_and_without_it() {
         ("pending call", Some(("PYTHON_DISABLE_REMOTE_DEBUG", "1"))),
     ] {
         let target = Target::start_314(&["sleep"], env.as_slice());
-        let report = check_capture_on(&target, "3.14", "sleep", 300);
+        let report = check_capture_on(&target, "3.14", "sleep", 300, Writer::Native);
         let pause = report["max_pause_us"].as_u64().unwrap();
         eprintln!("3.14 by {route}: longest pause {pause} µs");
         assert_eq!(report["python"].as_str().unwrap().get(..4), Some("3.14"));
@@ -503,11 +548,21 @@ fn attach_detach_cycles_leave_no_trace() {
             target.wait_clean_report(),
             "{version}: probe traces remain after detach"
         );
-        let maps = std::fs::read_to_string(format!("/proc/{}/maps", target.pid)).unwrap();
-        assert!(
-            !maps.contains("stallscope-ring-"),
-            "{version}: ring still mapped"
-        );
+        // Nothing mapped but the compiled writer, loaded once and reused by every later attach.
+        let mapped = common::stallscope_mappings(target.pid as u32);
+        assert!(mapped.is_empty(), "{version}: still mapped: {mapped:?}");
+        let copies: Vec<_> = std::fs::read_dir("/tmp")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name().to_string_lossy().starts_with(&format!(
+                    "{}{}-",
+                    pyframe_tracer::native::COPY_PREFIX,
+                    target.pid
+                ))
+            })
+            .collect();
+        assert!(copies.is_empty(), "{version}: {copies:?} left in /tmp");
         // Once the target reports itself clean, the probe has closed what it opened.
         let fd_list = || {
             std::fs::read_dir(format!("/proc/{}/fd", target.pid))
@@ -639,12 +694,8 @@ fn the_lease_outlives_a_slow_reader_and_runs_out_without_one() {
     );
     drop(session);
     let deadline = Instant::now() + Duration::from_secs(10);
-    let probe_gone = || {
-        target.wait_clean_report()
-            && !std::fs::read_to_string(format!("/proc/{}/maps", target.pid))
-                .unwrap()
-                .contains("stallscope")
-    };
+    let probe_gone =
+        || target.wait_clean_report() && common::stallscope_mappings(target.pid as u32).is_empty();
     while !probe_gone() {
         assert!(
             Instant::now() < deadline,

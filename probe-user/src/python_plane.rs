@@ -39,6 +39,10 @@ pub struct PythonReport {
     pub python: String,
     /// Watched functions and how each was instrumented.
     pub probes: Vec<pyframe_tracer::session::ProbeInfo>,
+    /// What wrote the records in the target: `native` or `python` (and why not native).
+    pub writer: String,
+    /// Why the compiled writer was not used, when it was not.
+    pub writer_note: Option<String>,
     /// Longest time a target thread was stopped while attaching or detaching (µs).
     pub max_pause_us: u64,
     /// Optional profile functions that could not be watched.
@@ -90,6 +94,7 @@ impl Capture {
         let python = session.runtime().version_string();
         let probes = session.probes.clone();
         let warnings = session.warnings.clone();
+        let (writer, writer_note) = (session.writer.clone(), session.writer_note.clone());
         let pause = if target_gone {
             session.pause
         } else {
@@ -101,6 +106,8 @@ impl Capture {
             framework,
             python,
             probes,
+            writer,
+            writer_note,
             max_pause_us: pause.as_micros() as u64,
             warnings,
         })
@@ -112,11 +119,15 @@ pub fn render_summary(r: &PythonReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "python {}  framework {}  lost records {}",
+        "python {}  framework {}  lost records {}  writer {}",
         r.python,
         r.framework.as_deref().unwrap_or("-"),
-        r.lost_records
+        r.lost_records,
+        r.writer
     );
+    if let Some(note) = &r.writer_note {
+        let _ = writeln!(out, "compiled writer not used: {note}");
+    }
     let _ = writeln!(
         out,
         "{:<60} {:>8} {:>10} {:>10} {:>10}",

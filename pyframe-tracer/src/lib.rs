@@ -4,7 +4,8 @@
 //! - [`remote_call`]: the ptrace remote-call primitive; [`transaction`]: remote calls in a helper process that
 //!   finishes them even if stallscope is killed.
 //! - [`python`], [`inject`], [`pep768`]: find the runtime and run Python source at a safe point.
-//! - `probe.py` (embedded): the code that runs inside the target.
+//! - `probe.py` (embedded): the code that runs inside the target; [`native`]: its compiled writer
+//!   (`pyframe-native`), offered to the target where the library is found.
 //! - [`ring`]: the shared-memory ring the probe writes records into; [`lease`]: its heartbeat;
 //!   [`reap`]: ring files left behind by a daemon that died mid-attach.
 //! - [`watch_spec`], [`profiles`]: what to watch.
@@ -16,6 +17,7 @@ pub mod inject;
 pub mod lease;
 pub mod maps;
 pub mod memory;
+pub mod native;
 pub mod pep768;
 pub mod procfs;
 pub mod profiles;

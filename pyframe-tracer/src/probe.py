@@ -27,8 +27,13 @@ import struct
 import itertools
 import threading
 
-PROBE_VERSION = 2
+PROBE_VERSION = 3
 MODULE_NAME = "_stallscope_probe"
+# The compiled writer (pyframe-native), loaded from the path stallscope offers and kept in sys.modules:
+# CPython cannot unload an extension module, so a later attach reuses it. A loaded module of another version is
+# left unused.
+NATIVE_NAME = "_stallscope_native"
+NATIVE_VERSION = 1
 MAGIC = 0x31525043534C5453  # b"STLSCPR1" little-endian
 HEADER = struct.Struct("<QIIQQQ")  # seq, probe, flags, tid, enter, exit
 FIELDS = struct.Struct("<8q")  # written only when the record has extracted fields (flags bits 8..15)
@@ -254,6 +259,8 @@ class _Probe:
     def __init__(self):
         self.ring = None
         self.write = None
+        self.native = None
+        self.native_note = None
         self.watches = []
         self.by_code = {}
         self.timing = None
@@ -268,6 +275,9 @@ class _Probe:
         check; st None: the calling thread's state is looked up here. The common path, a plain return
         without fields, is written inline by the hooks. Raises nothing (the probe may be detached by now)."""
         try:
+            if self.native is not None:
+                self.native.write(probe_id, exc, t0, t1, extracted)
+                return
             if st is None:
                 st = self.thread_state()
             if extracted is None:
@@ -295,6 +305,8 @@ class _Probe:
 
     # ---- instrumentation: __code__ swap (3.10, 3.11) ------------------------------------------------------
     def hook_for(self, watch, orig):
+        if self.native is not None and watch.extract is None:
+            return self.native.hook(orig, watch.id)
         emit = self.emit
         write = self.write
         pid = watch.id
@@ -386,7 +398,11 @@ class _Probe:
         else:
             raise RuntimeError("all sys.monitoring tool ids are in use")
         E = mon.events
-        on_start, on_return, on_unwind = self.monitoring_callbacks()
+        if self.native is not None:
+            n = self.native
+            on_start, on_return, on_unwind = n.on_start, n.on_return, n.on_unwind
+        else:
+            on_start, on_return, on_unwind = self.monitoring_callbacks()
         mon.register_callback(self.tool, E.PY_START, on_start)
         mon.register_callback(self.tool, E.PY_RETURN, on_return)
         mon.register_callback(self.tool, E.PY_UNWIND, on_unwind)
@@ -453,6 +469,17 @@ class _Probe:
         if self.tool is None:
             self.monitoring_start()
         E = mon.events
+        if self.native is not None:
+            extract = None
+            if watch.extract is not None:
+                def extract(getframe=sys._getframe, x=watch.extract):
+                    # Called by the native PY_START callback, which adds no frame: the watched
+                    # call's frame is this one's caller.
+                    try:
+                        return x((), getframe(1).f_locals)
+                    except Exception:
+                        return None
+            self.native.watch(watch.code, watch.id, extract)
         mon.set_local_events(self.tool, watch.code, E.PY_START | E.PY_RETURN)
         watch.mechanism = "sys.monitoring"
 
@@ -534,6 +561,8 @@ class _Probe:
                 errors.append("%s: %s" % (w.spec, e))
         self.watches = []
         self.by_code.clear()
+        if self.native is not None:
+            self.native.unwatch_all()
         if self.ring is not None:
             for st in list(self.ring.lane_of.values()):
                 del st[6][:]
@@ -562,6 +591,9 @@ class _Probe:
         return errors
 
     def close_ring(self):
+        if self.native is not None:
+            self.native.close()
+            self.native = None
         if self.ring is not None:
             self.ring.close()
             self.ring = None
@@ -597,6 +629,7 @@ class _Probe:
                 self.close_ring()
             self.ring = _Ring(req["ring"])
             self.write = self.ring.writer()
+            self.native, self.native_note = _native_writer(req, self.check_lease)
         self.lease_ns = int(req.get("lease_ns", self.lease_ns))
         # How to time calls is decided by stallscope for this version (PythonRuntime::mechanisms).
         self.timing = req["timing"]
@@ -620,7 +653,35 @@ class _Probe:
             return {"ok": False, "error": "; ".join(errors), "warnings": warnings}
         self.ring.set_state(1)
         return {"ok": True, "framework": framework, "probes": probes, "warnings": warnings,
+                "writer": "native" if self.native is not None else "python", "writer_note": self.native_note,
                 "python": "%d.%d.%d" % sys.version_info[:3], "pid": os.getpid()}
+
+
+def _native_writer(req, lease):
+    """(the compiled writer of the request's ring, None) or (None, why not). req["native"]: null, do not use
+    one; "", the module this process already loaded; else the library stallscope put there (removed by
+    stallscope after the attach), unless the module is loaded already."""
+    path = req.get("native")
+    if path is None:
+        return None, "stallscope offered no compiled writer"
+    module = sys.modules.get(NATIVE_NAME)
+    try:
+        if module is None:
+            if not path:
+                return None, "the compiled writer is not loaded in this process"
+            import importlib.machinery
+            import importlib.util
+            loader = importlib.machinery.ExtensionFileLoader(NATIVE_NAME, path)
+            spec = importlib.util.spec_from_loader(NATIVE_NAME, loader, origin=path)
+            module = importlib.util.module_from_spec(spec)
+            loader.exec_module(module)
+            sys.modules[NATIVE_NAME] = module
+        if getattr(module, "VERSION", None) != NATIVE_VERSION:
+            return None, "the process holds %s version %s, this probe needs %d" % (
+                NATIVE_NAME, getattr(module, "VERSION", None), NATIVE_VERSION)
+        return module.Writer(req["ring"], lease), None
+    except Exception as e:
+        return None, "%s: %s" % (type(e).__name__, e)
 
 
 def _free_page(addr, size):

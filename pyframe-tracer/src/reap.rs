@@ -1,4 +1,5 @@
-//! Removes probe ring files that nothing can use any more. A ring file lives in the target's
+//! Removes probe ring files (and copies of the compiled writer, [`crate::native`]) that nothing
+//! can use any more. A ring file lives in the target's
 //! `/dev/shm` (or `/tmp`) only while an attach is in flight: the session unlinks it once both
 //! sides have it mapped. A daemon killed mid-attach leaves it behind (8-33 MB of RAM each).
 //! The attaching process holds the file's `flock` from before it has its name
@@ -13,9 +14,13 @@ use sys_util::lock::held;
 /// Where ring files go, in the target's own mount namespace, in order of preference.
 pub const RING_DIRS: [&str; 2] = ["/dev/shm", "/tmp"];
 
-/// The target pid in a ring file's name (`stallscope-ring-<pid>-<nonce>`).
+/// The target pid in the name of a ring file (`stallscope-ring-<pid>-<nonce>`) or of a copy of
+/// the compiled writer (`stallscope-pyprobe-<pid>-<nonce>.so`).
 pub fn ring_pid(name: &str) -> Option<i32> {
-    let rest = name.strip_prefix("stallscope-ring-")?;
+    let rest = name.strip_prefix("stallscope-ring-").or_else(|| {
+        name.strip_prefix(crate::native::COPY_PREFIX)?
+            .strip_suffix(".so")
+    })?;
     let (pid, nonce) = rest.split_once('-')?;
     (!nonce.is_empty() && nonce.bytes().all(|b| b.is_ascii_hexdigit()))
         .then(|| pid.parse().ok())
@@ -66,6 +71,8 @@ mod tests {
             ("stallscope-ring-1234-", None),
             ("stallscope-ring-x-1a", None),
             ("stallscope-ring-12-zz", None),
+            ("stallscope-pyprobe-1234-1a2b.so", Some(1234)),
+            ("stallscope-pyprobe-1234-1a2b", None),
             ("stallscope-gpu-1234", None),
             ("other", None),
         ] {

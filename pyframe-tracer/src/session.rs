@@ -50,6 +50,9 @@ pub struct AttachOptions {
     pub response_timeout: Duration,
     /// Thread borrowing limits.
     pub remote: remote_call::Options,
+    /// The compiled writer offered to the probe ([`crate::native`]); None: the probe writes
+    /// records in Python.
+    pub native: Option<PathBuf>,
 }
 
 impl Default for AttachOptions {
@@ -63,6 +66,7 @@ impl Default for AttachOptions {
             lease: Duration::from_secs(30),
             response_timeout: Duration::from_secs(5),
             remote: remote_call::Options::default(),
+            native: crate::native::library(),
         }
     }
 }
@@ -110,6 +114,12 @@ struct Response {
     /// When that lease runs out if no one renews it, ns from the probe's answer.
     #[serde(default)]
     retry_after_ns: u64,
+    /// What writes the records: "native" or "python".
+    #[serde(default)]
+    writer: Option<String>,
+    /// Why the compiled writer is not used, when it is not.
+    #[serde(default)]
+    writer_note: Option<String>,
 }
 
 /// One timed call, decoded.
@@ -147,6 +157,10 @@ pub struct Session {
     pub warnings: Vec<String>,
     /// Longest time a request of this session (the attach, so far) stopped a thread of the target.
     pub pause: Duration,
+    /// What writes the records in the target: `native` (the compiled writer) or `python`.
+    pub writer: String,
+    /// Why the compiled writer is not used, when it is not.
+    pub writer_note: Option<String>,
 }
 
 impl Session {
@@ -157,7 +171,7 @@ impl Session {
         }
         let runtime = python::find(pid)?;
         crate::reap::stale_of(pid);
-        let (host_path, ring_in_target) = ring_location(pid)?;
+        let (host_path, ring_in_target, nonce) = ring_location(pid)?;
         // The file goes once the attach request has returned (both sides have it mapped, or
         // the attach failed), and on every early return before that, through its directory
         // opened first (the path through /proc/PID/root dies with the target).
@@ -186,10 +200,17 @@ impl Session {
             framework: None,
             warnings: Vec::new(),
             pause: Duration::ZERO,
+            writer: String::new(),
+            writer_note: None,
         };
-        let result = session.attach_request();
+        let offer =
+            (session.options.native.clone()).and_then(|lib| crate::native::offer(pid, &lib, nonce));
+        let result = session.attach_request(offer.as_ref().map(|o| o.inside.as_str()));
+        drop(offer);
         drop(unlink);
         let resp = result?;
+        session.writer = resp.writer.unwrap_or_else(|| "python".into());
+        session.writer_note = resp.writer_note;
         session.framework = resp.framework;
         session.warnings = resp.warnings;
         session.probes = resp.probes;
@@ -208,7 +229,8 @@ impl Session {
         Ok(session)
     }
 
-    fn attach_request(&mut self) -> Result<Response> {
+    /// `native`: the compiled writer's path in the target (empty: it holds the module).
+    fn attach_request(&mut self, native: Option<&str>) -> Result<Response> {
         let profiles = self.profiles_for_request()?;
         let specs: Vec<_> = self
             .options
@@ -223,6 +245,7 @@ impl Session {
             "timing": self.runtime.mechanisms().1.name(),
             "specs": specs,
             "profiles": profiles,
+            "native": native,
         });
         let resp = self.request(req)?;
         if resp.busy {
@@ -441,14 +464,14 @@ fn role_name(role: Role) -> &'static str {
 }
 
 /// Where the ring file goes: the target's /dev/shm (else /tmp), through /proc/PID/root so it works across mount
-/// namespaces. Returns (path for us, path for the target).
-fn ring_location(pid: i32) -> Result<(PathBuf, String)> {
+/// namespaces. Returns (path for us, path for the target, the name's nonce).
+fn ring_location(pid: i32) -> Result<(PathBuf, String, u64)> {
     let nonce = sys_util::clock::monotonic_ns() ^ (std::process::id() as u64) << 32;
     let root = format!("/proc/{pid}/root");
     for dir in crate::reap::RING_DIRS {
         if std::path::Path::new(&format!("{root}{dir}")).is_dir() {
             let inside = format!("{dir}/stallscope-ring-{pid}-{nonce:x}");
-            return Ok((PathBuf::from(format!("{root}{inside}")), inside));
+            return Ok((PathBuf::from(format!("{root}{inside}")), inside, nonce));
         }
     }
     Err(Error::Probe(format!(

@@ -132,6 +132,34 @@ pub fn http_get(port: u16, path: &str) -> String {
     body
 }
 
+/// The files of stallscope's that `pid` maps (its probe ring, GPU channel or agent), by name,
+/// leaving out the probe's compiled writer: CPython cannot unload an extension module, so once
+/// loaded it stays, and at most one copy of it may be mapped (a later attach reuses it).
+pub fn stallscope_mappings(pid: u32) -> Vec<String> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    // The path is the sixth field; the tests' own directories are named after stallscope too,
+    // so only file names count.
+    let names: std::collections::BTreeSet<&str> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter_map(|path| path.rsplit('/').next())
+        .filter(|name| name.starts_with("stallscope") || name.starts_with("libstallscope"))
+        .collect();
+    let writers = names
+        .iter()
+        .filter(|n| n.starts_with(pyframe_tracer::native::COPY_PREFIX))
+        .count();
+    assert!(
+        writers <= 1,
+        "process {pid} maps {writers} copies of the compiled writer: {names:?}"
+    );
+    names
+        .into_iter()
+        .filter(|n| !n.starts_with(pyframe_tracer::native::COPY_PREFIX))
+        .map(str::to_string)
+        .collect()
+}
+
 /// The stand-in libcupti `cargo xtask setup` builds (STALLSCOPE_CUPTI_STANDIN overrides).
 pub fn standin_library() -> PathBuf {
     let built = std::env::var_os("STALLSCOPE_CUPTI_STANDIN")

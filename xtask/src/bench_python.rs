@@ -11,7 +11,8 @@ use anyhow::{Context, Result};
 use pyframe_tracer::{ring::Record, ring::Ring, AttachOptions, Framework, Session};
 
 const VERSIONS: [&str; 4] = ["3.10", "3.11", "3.12", "3.13"];
-const PAIRS: usize = 5;
+/// Attached rounds per writer and version (each after a round without the probe).
+const PAIRS: usize = 10;
 
 struct Target {
     child: Child,
@@ -66,64 +67,108 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The probe's record writers, each measured as its own arm: the compiled one
+/// (`pyframe-native`, loaded into the target) and the pure-Python fallback.
+const WRITERS: [&str; 2] = ["native", "python"];
+
+/// One writer's rounds with the probe attached, and the pauses of its attaches.
+#[derive(Default)]
+struct Arm {
+    watched: Vec<f64>,
+    unwatched: Vec<f64>,
+    pauses: Vec<f64>,
+    mechanism: String,
+}
+
+/// One round with `__main__:watched` watched through `writer`, a reader draining the ring
+/// every 2 ms meanwhile, into `arm`.
+fn watched_round(t: &mut Target, version: &str, writer: &str, arm: &mut Arm) -> Result<()> {
+    let options = AttachOptions {
+        specs: vec!["__main__:watched".parse()?],
+        framework: Framework::Named("generic".into()),
+        // One thread calls 3-7 M watched functions a second with the compiled writer: a lane
+        // holds 2 ms of them between the reader's drains (32 MiB).
+        lanes: 2,
+        lane_capacity: 1 << 17,
+        native: match writer {
+            "native" => Some(pyframe_tracer::native::library().context(
+                "the compiled writer (libstallscope_pyprobe.so) is not built: cargo build --release",
+            )?),
+            _ => None,
+        },
+        ..AttachOptions::default()
+    };
+    let session = Session::attach(t.pid, options)?;
+    anyhow::ensure!(
+        session.writer == writer,
+        "{version}: the {writer} writer was asked for, the probe used the {} one ({})",
+        session.writer,
+        session.writer_note.as_deref().unwrap_or("no reason given")
+    );
+    arm.pauses.push(session.pause.as_secs_f64() * 1e6);
+    arm.mechanism.clone_from(&session.probes[0].mechanism);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (w, u) = std::thread::scope(|s| -> Result<(f64, f64)> {
+        let reader = s.spawn(|| {
+            let mut sink = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                session.drain(&mut sink);
+                sink.clear();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        let r = t.round();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        reader.join().expect("reader");
+        r
+    })?;
+    arm.watched.push(w);
+    arm.unwatched.push(u);
+    let lost = session.lost_records();
+    session.detach()?;
+    anyhow::ensure!(lost == 0, "{version} {writer}: {lost} records lost");
+    Ok(())
+}
+
 /// Runs the Python-plane benchmarks and prints Markdown.
 pub fn run() -> Result<()> {
     println!("## Python plane (`cargo xtask bench`)\n");
     println!(
-        "### Cost per call and injection pause (A/B interleaved, {PAIRS} pairs per version)\n"
+        "### Cost per call and injection pause (A/B interleaved, {PAIRS} rounds per arm and version)\n"
     );
-    println!("`tests/targets/py_bench.py` times 200k calls of `watched(x)` and of `unwatched(x)` per round; each pair");
-    println!("is one round without the probe and one with `__main__:watched` watched (each the first round that");
-    println!("starts after the attach or detach returned). Pause = time a target thread was stopped by ptrace during attach.\n");
-    println!("| CPython | mechanism | watched: base → with probe (ns/call) | cost per watched call | unwatched: base → with probe | pause p50 / max |");
-    println!("|---|---|---|---:|---:|---:|");
+    println!("`tests/targets/py_bench.py` times 200k calls of `watched(x)` and of `unwatched(x)` per round. Each");
+    println!("attached round (`__main__:watched` watched, by each record writer in turn) follows a round without");
+    println!("the probe; each is the first round that starts after the attach or detach returned. Pause = time a");
+    println!("target thread was stopped by ptrace during the attach.\n");
+    println!("| CPython | writer | mechanism | watched: base → with probe (ns/call) | cost per watched call | unwatched: base → with probe | pause p50 / max |");
+    println!("|---|---|---|---|---:|---:|---:|");
     for version in VERSIONS {
         let mut t = Target::start(version)?;
         t.round()?; // warm-up
-        let (mut a_w, mut a_u, mut b_w, mut b_u, mut pauses) =
-            (vec![], vec![], vec![], vec![], vec![]);
-        let mut mechanism = String::new();
-        for _ in 0..PAIRS {
-            let (w, u) = t.round()?;
-            a_w.push(w);
-            a_u.push(u);
-            let options = AttachOptions {
-                specs: vec!["__main__:watched".parse()?],
-                framework: Framework::Named("generic".into()),
-                ..AttachOptions::default()
-            };
-            let session = Session::attach(t.pid, options)?;
-            pauses.push(session.pause.as_secs_f64() * 1e6);
-            mechanism.clone_from(&session.probes[0].mechanism);
-            let done = std::sync::atomic::AtomicBool::new(false);
-            let drain = std::thread::scope(|s| -> Result<(f64, f64)> {
-                let reader = s.spawn(|| {
-                    let mut sink = Vec::new();
-                    while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                        session.drain(&mut sink);
-                        sink.clear();
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
-                });
-                let r = t.round();
-                done.store(true, std::sync::atomic::Ordering::Relaxed);
-                reader.join().expect("reader");
-                r
-            })?;
-            b_w.push(drain.0);
-            b_u.push(drain.1);
-            let lost = session.lost_records();
-            session.detach()?;
-            anyhow::ensure!(lost == 0, "{version}: {lost} records lost");
+        let (mut base_w, mut base_u) = (vec![], vec![]);
+        let mut arms: Vec<Arm> = WRITERS.iter().map(|_| Arm::default()).collect();
+        for pair in 0..PAIRS {
+            // The writers' order alternates, so neither always follows the other.
+            for i in 0..WRITERS.len() {
+                let i = (i + pair) % WRITERS.len();
+                let (w, u) = t.round()?;
+                base_w.push(w);
+                base_u.push(u);
+                watched_round(&mut t, version, WRITERS[i], &mut arms[i])?;
+            }
         }
-        let (aw, bw, au, bu) = (median(a_w), median(b_w), median(a_u), median(b_u));
-        println!(
-            "| {version} | {mechanism} | {aw:.1} → {bw:.1} | {:.0} ns | {au:.1} → {bu:.1} ({:+.1} %) | {:.0} µs / {:.0} µs |",
-            bw - aw,
-            (bu / au - 1.0) * 100.0,
-            median(pauses.clone()),
-            pauses.iter().cloned().fold(0.0, f64::max)
-        );
+        let (aw, au) = (median(base_w.clone()), median(base_u.clone()));
+        for (writer, arm) in WRITERS.iter().zip(arms) {
+            let (bw, bu) = (median(arm.watched), median(arm.unwatched));
+            println!(
+                "| {version} | {writer} | {} | {aw:.1} → {bw:.1} | {:.0} ns | {au:.1} → {bu:.1} ({:+.1} %) | {:.0} µs / {:.0} µs |",
+                arm.mechanism,
+                bw - aw,
+                (bu / au - 1.0) * 100.0,
+                median(arm.pauses.clone()),
+                arm.pauses.iter().cloned().fold(0.0, f64::max)
+            );
+        }
     }
     println!();
     ring_throughput()

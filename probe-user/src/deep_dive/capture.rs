@@ -63,6 +63,8 @@ pub enum PythonSource {
         python: String,
         /// The watched functions (the anchor among them).
         probes: Vec<pyframe_tracer::session::ProbeInfo>,
+        /// What writes their records (`native` or `python`).
+        writer: String,
     },
 }
 
@@ -169,6 +171,7 @@ struct FedCalls {
     framework: Option<String>,
     python: String,
     probes: Vec<pyframe_tracer::session::ProbeInfo>,
+    writer: String,
 }
 
 /// A capture in progress.
@@ -248,6 +251,7 @@ impl Running {
                 framework,
                 python,
                 probes,
+                writer,
             } => (
                 None,
                 Some(FedCalls {
@@ -255,6 +259,7 @@ impl Running {
                     framework: framework.clone(),
                     python: python.clone(),
                     probes: probes.clone(),
+                    writer: writer.clone(),
                 }),
             ),
         };
@@ -424,6 +429,8 @@ impl Running {
                 framework: f.framework,
                 python: f.python,
                 probes: f.probes,
+                writer: f.writer,
+                writer_note: None,
                 max_pause_us: 0,
                 warnings: Vec::new(),
             }),

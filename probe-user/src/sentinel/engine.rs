@@ -120,7 +120,7 @@ impl Engine {
         let (models, fingerprint, baseline) = ModelStore::open(state_dir, pid, &framework);
         let labels = ProcessLabels::new(pid, &identity);
         info!(
-            "engine {pid}{}{}: attached ({framework}, CPython {}, {} probes, anchor {})",
+            "engine {pid}{}{}: attached ({framework}, CPython {}, {} probes, anchor {}, records written by the {} writer{})",
             identity
                 .short()
                 .map(|s| format!(" ({s})"))
@@ -130,7 +130,13 @@ impl Engine {
                 .unwrap_or_default(),
             session.runtime().version_string(),
             session.probes.len(),
-            anchor.func().unwrap_or("to be discovered")
+            anchor.func().unwrap_or("to be discovered"),
+            session.writer,
+            session
+                .writer_note
+                .as_ref()
+                .map(|n| format!(": {n}"))
+                .unwrap_or_default()
         );
         Ok(Engine {
             gpu: GpuFigures::attach(pid, labels.clone(), cfg.gpu),
@@ -282,6 +288,7 @@ impl Engine {
             framework: self.session.framework.clone(),
             python: self.session.runtime().version_string(),
             probes: self.session.probes.clone(),
+            writer: self.session.writer.clone(),
         }
     }
 

@@ -1,0 +1,90 @@
+//! The probe's compiled writer (`pyframe-native`, `libstallscope_pyprobe.so`): where it is
+//! found, and how it reaches a target.
+//!
+//! The library is copied into the target's own `/tmp` (through `/proc/PID/root`, so a target
+//! in another mount namespace sees it), offered to the probe by that path, and removed once the
+//! attach has returned: the probe has loaded it by then, or runs its pure-Python writer and
+//! says why (`Session::writer_note`). A process that loaded it keeps it (CPython cannot unload
+//! an extension module), so a target that already maps it is offered nothing and the probe
+//! reuses the loaded module. Like a ring, the copy is created under the attaching process's
+//! `flock`, so one left by a daemon killed mid-attach is reaped ([`crate::reap`]).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use sys_util::lock;
+
+/// The library's file name, next to the stallscope binary.
+pub const LIBRARY: &str = "libstallscope_pyprobe.so";
+/// Prefix of its copies in targets' `/tmp` (`stallscope-pyprobe-<pid>-<nonce>.so`).
+pub const COPY_PREFIX: &str = "stallscope-pyprobe-";
+
+/// The library: `STALLSCOPE_PYPROBE` if set (empty: none), else next to the running
+/// executable or one directory up (test binaries run from `target/*/deps`). None when there
+/// is none: probes then use their pure-Python writer.
+pub fn library() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("STALLSCOPE_PYPROBE") {
+        return (!p.is_empty()).then(|| PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors()
+        .skip(1)
+        .take(2)
+        .map(|d| d.join(LIBRARY))
+        .find(|p| p.is_file())
+}
+
+/// A copy of the library in a target, removed on drop.
+pub struct Offer {
+    /// The path the target opens; empty when it already holds the module.
+    pub inside: String,
+    copy: Option<(std::fs::File, PathBuf)>,
+}
+
+impl Drop for Offer {
+    fn drop(&mut self) {
+        if let Some((_lock, path)) = self.copy.take() {
+            let _ = lock::remove(&path);
+        }
+    }
+}
+
+/// Whether `pid` maps a copy of the library (it loaded the module before).
+fn loaded(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .is_ok_and(|m| m.lines().any(|l| l.contains(COPY_PREFIX)))
+}
+
+/// Offers `library` to `pid`: a copy in its `/tmp`, or nothing to copy when it holds the
+/// module already. None when the copy cannot be made (the probe then writes in Python).
+pub fn offer(pid: i32, library: &Path, nonce: u64) -> Option<Offer> {
+    if loaded(pid) {
+        return Some(Offer {
+            inside: String::new(),
+            copy: None,
+        });
+    }
+    let inside = format!("/tmp/{COPY_PREFIX}{pid}-{nonce:x}.so");
+    let path = PathBuf::from(format!("/proc/{pid}/root{inside}"));
+    let mut file = lock::create_locked(&path)
+        .map_err(|e| log::debug!("no compiled writer for {pid}: {}: {e}", path.display()))
+        .ok()?;
+    let offer = Offer {
+        inside,
+        copy: Some((file.try_clone().ok()?, path.clone())),
+    };
+    let copied = std::fs::File::open(library)
+        .and_then(|mut src| std::io::copy(&mut src, &mut file))
+        .and_then(|_| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)));
+    match copied {
+        Ok(()) => Some(offer),
+        Err(e) => {
+            log::debug!(
+                "no compiled writer for {pid}: copying {} to {}: {e}",
+                library.display(),
+                path.display()
+            );
+            None
+        }
+    }
+}
