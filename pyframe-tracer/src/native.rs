@@ -19,9 +19,14 @@ pub const LIBRARY: &str = "libstallscope_pyprobe.so";
 /// Prefix of its copies in targets' `/tmp` (`stallscope-pyprobe-<pid>-<nonce>.so`).
 pub const COPY_PREFIX: &str = "stallscope-pyprobe-";
 
+/// Directory, next to the library's usual place, of its build for old glibc (`cargo xtask
+/// setup` builds it with zig, as it does the GPU agent's): it loads into engines whose glibc is
+/// as old as 2.28, where the plain build needs 2.34.
+const PORTABLE_DIR: &str = "glibc-2.28";
+
 /// The library: `STALLSCOPE_PYPROBE` if set (empty: none), else next to the running
-/// executable or one directory up (test binaries run from `target/*/deps`). None when there
-/// is none: probes then use their pure-Python writer.
+/// executable or one directory up (test binaries run from `target/*/deps`), its glibc 2.28
+/// build first. None when there is none: probes then use their pure-Python writer.
 pub fn library() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("STALLSCOPE_PYPROBE") {
         return (!p.is_empty()).then(|| PathBuf::from(p));
@@ -30,7 +35,7 @@ pub fn library() -> Option<PathBuf> {
     exe.ancestors()
         .skip(1)
         .take(2)
-        .map(|d| d.join(LIBRARY))
+        .flat_map(|d| [d.join(PORTABLE_DIR).join(LIBRARY), d.join(LIBRARY)])
         .find(|p| p.is_file())
 }
 
@@ -38,13 +43,21 @@ pub fn library() -> Option<PathBuf> {
 pub struct Offer {
     /// The path the target opens; empty when it already holds the module.
     pub inside: String,
-    copy: Option<(std::fs::File, PathBuf)>,
+    copy: Option<Copy>,
+}
+
+/// The copy's lock, and its directory opened beforehand: the path through /proc/PID/root dies
+/// with the target, the open directory does not.
+struct Copy {
+    _lock: std::fs::File,
+    dir: std::fs::File,
+    name: std::ffi::OsString,
 }
 
 impl Drop for Offer {
     fn drop(&mut self) {
-        if let Some((_lock, path)) = self.copy.take() {
-            let _ = lock::remove(&path);
+        if let Some(c) = self.copy.take() {
+            let _ = lock::remove_at(&c.dir, &c.name);
         }
     }
 }
@@ -64,14 +77,28 @@ pub fn offer(pid: i32, library: &Path, nonce: u64) -> Option<Offer> {
             copy: None,
         });
     }
-    let inside = format!("/tmp/{COPY_PREFIX}{pid}-{nonce:x}.so");
+    let name = format!("{COPY_PREFIX}{pid}-{nonce:x}.so");
+    let inside = format!("/tmp/{name}");
     let path = PathBuf::from(format!("/proc/{pid}/root{inside}"));
+    let fail = |what: &str, e: std::io::Error| {
+        log::debug!(
+            "no compiled writer for {pid}: {what} {}: {e}",
+            path.display()
+        );
+    };
+    let dir = std::fs::File::open(format!("/proc/{pid}/root/tmp"))
+        .map_err(|e| fail("opening the directory of", e))
+        .ok()?;
     let mut file = lock::create_locked(&path)
-        .map_err(|e| log::debug!("no compiled writer for {pid}: {}: {e}", path.display()))
+        .map_err(|e| fail("creating", e))
         .ok()?;
     let offer = Offer {
         inside,
-        copy: Some((file.try_clone().ok()?, path.clone())),
+        copy: Some(Copy {
+            _lock: file.try_clone().ok()?,
+            dir,
+            name: name.into(),
+        }),
     };
     let copied = std::fs::File::open(library)
         .and_then(|mut src| std::io::copy(&mut src, &mut file))

@@ -26,7 +26,8 @@ pub fn build(tag: &str, check: bool) -> Result<()> {
     let bin = stallscope_bin();
     let agent = bin.with_file_name("libstallscope_cupti_agent.so");
     let portable = bin.with_file_name("glibc-2.28/libstallscope_cupti_agent.so");
-    for f in [&bin, &agent, &portable] {
+    let pyprobe = bin.with_file_name("glibc-2.28/libstallscope_pyprobe.so");
+    for f in [&bin, &agent, &portable, &pyprobe] {
         if !f.exists() {
             bail!("{} is missing: run cargo xtask setup", f.display());
         }
@@ -38,6 +39,10 @@ pub fn build(tag: &str, check: bool) -> Result<()> {
     fs::copy(
         &portable,
         usr_bin.join("glibc-2.28/libstallscope_cupti_agent.so"),
+    )?;
+    fs::copy(
+        &pyprobe,
+        usr_bin.join("glibc-2.28/libstallscope_pyprobe.so"),
     )?;
     for lib in shared_libraries(&bin)? {
         let dest = rootfs.join(lib.strip_prefix("/")?);

@@ -1,6 +1,7 @@
-//! Shared-memory files a test binary's daemons and engines leave behind. A probe ring or GPU
-//! channel must not outlive both its daemon and its engine; once a test binary has ended,
-//! every daemon and engine it started is gone, so any such file it created is a leak.
+//! Shared-memory files a test binary's daemons and engines leave behind. A probe ring, a GPU
+//! channel or a copy of a library given to an engine must not outlive both its daemon and its
+//! engine; once a test binary has ended, every daemon and engine it started is gone, so any
+//! such file it created is a leak.
 
 use std::{collections::BTreeSet, path::PathBuf};
 
@@ -9,7 +10,10 @@ use anyhow::{bail, Result};
 /// Where the daemon puts rings, channels and agent copies, and their name prefixes.
 const PLACES: [(&str, &[&str]); 2] = [
     ("/dev/shm", &["stallscope-"]),
-    ("/tmp", &["stallscope-ring-", "stallscope-gpu-"]),
+    (
+        "/tmp",
+        &["stallscope-ring-", "stallscope-gpu-", "stallscope-pyprobe-"],
+    ),
 ];
 
 /// The daemon's shared-memory files present now.

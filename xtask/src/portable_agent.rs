@@ -1,9 +1,9 @@
-//! The GPU agent built for old glibc. The agent is loaded into the engine, so it must link
-//! against the engine's glibc, which in a container can be as old as manylinux_2_28's (2.28;
-//! PyTorch's wheels target it). Built on this host, the agent would need glibc 2.34
-//! (pthread_create, dlopen and friends moved into libc then). `zig cc` links against the
-//! glibc 2.28 symbol versions instead; zig comes from PyPI (`ziglang`) into a cached venv.
-//! The result goes to `target/release/glibc-2.28/`, where `stallscope` looks first.
+//! The libraries loaded into the engine (the GPU agent, the probe's compiled writer) built for
+//! old glibc. They must link against the engine's glibc, which in a container can be as old as
+//! manylinux_2_28's (2.28; PyTorch's wheels target it). Built on this host, they would need
+//! glibc 2.34 (pthread_create, dlopen and friends moved into libc then). `zig cc` links against
+//! the glibc 2.28 symbol versions instead; zig comes from PyPI (`ziglang`) into a cached venv.
+//! The results go to `target/release/glibc-2.28/`, where `stallscope` looks first.
 
 use std::{fs, path::PathBuf, process::Command};
 
@@ -43,31 +43,39 @@ fn zig_linker() -> Result<PathBuf> {
     Ok(linker)
 }
 
-/// Builds the agent for glibc [`GLIBC`] into `target/release/glibc-<GLIBC>/`.
+/// The packages built for old glibc and their libraries.
+const LIBRARIES: [(&str, &str); 2] = [
+    ("cupti-agent", "libstallscope_cupti_agent.so"),
+    ("pyframe-native", "libstallscope_pyprobe.so"),
+];
+
+/// Builds [`LIBRARIES`] for glibc [`GLIBC`] into `target/release/glibc-<GLIBC>/`.
 pub fn build() -> Result<()> {
     let linker = zig_linker()?;
     let target_dir = crate::root().join("target/glibc-".to_string() + GLIBC);
     crate::run_checked(
         Command::new(env!("CARGO"))
-            .args([
-                "build",
-                "--release",
-                "--package",
-                "cupti-agent",
-                "--target",
-                "x86_64-unknown-linux-gnu",
-            ])
+            .args(["build", "--release", "--target", "x86_64-unknown-linux-gnu"])
+            .args(
+                LIBRARIES
+                    .iter()
+                    .flat_map(|(package, _)| ["--package", package]),
+            )
             .arg("--target-dir")
             .arg(&target_dir)
             .env("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER", &linker)
             .current_dir(crate::root()),
     )?;
-    let built = target_dir.join("x86_64-unknown-linux-gnu/release/libstallscope_cupti_agent.so");
     let dest_dir = crate::root().join(format!("target/release/glibc-{GLIBC}"));
     fs::create_dir_all(&dest_dir)?;
-    let dest = dest_dir.join("libstallscope_cupti_agent.so");
-    // A new file, not a write through a hard link into cargo's own outputs.
-    let _ = fs::remove_file(&dest);
-    fs::copy(&built, &dest).with_context(|| format!("copying {}", built.display()))?;
+    for (_, file) in LIBRARIES {
+        let built = target_dir
+            .join("x86_64-unknown-linux-gnu/release")
+            .join(file);
+        let dest = dest_dir.join(file);
+        // A new file, not a write through a hard link into cargo's own outputs.
+        let _ = fs::remove_file(&dest);
+        fs::copy(&built, &dest).with_context(|| format!("copying {}", built.display()))?;
+    }
     Ok(())
 }

@@ -50,6 +50,8 @@ pub fn run() -> Result<()> {
         "--package",
         "cupti-agent",
         "--package",
+        "pyframe-native",
+        "--package",
         "cupti-standin",
         "--package",
         "stallscope-tests",
