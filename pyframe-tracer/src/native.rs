@@ -100,18 +100,10 @@ pub fn offer(pid: i32, library: &Path, nonce: u64) -> Option<Offer> {
             name: name.into(),
         }),
     };
-    let copied = std::fs::File::open(library)
+    std::fs::File::open(library)
         .and_then(|mut src| std::io::copy(&mut src, &mut file))
-        .and_then(|_| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)));
-    match copied {
-        Ok(()) => Some(offer),
-        Err(e) => {
-            log::debug!(
-                "no compiled writer for {pid}: copying {} to {}: {e}",
-                library.display(),
-                path.display()
-            );
-            None
-        }
-    }
+        .and_then(|_| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)))
+        .map_err(|e| fail(&format!("copying {} to", library.display()), e))
+        .ok()?;
+    Some(offer)
 }
