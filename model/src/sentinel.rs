@@ -99,9 +99,9 @@ pub struct Verdict {
 pub enum ModelState {
     /// Collecting healthy samples before the first fit.
     Warming,
-    /// A fit is running (the previous model, if any, is still used).
+    /// The first fit is running; nothing predicts yet.
     Fitting,
-    /// Predicting.
+    /// A model predicts (a refit may be running beside it: [`Sentinel::refitting`]).
     Fitted,
 }
 
@@ -251,10 +251,15 @@ impl Sentinel {
     /// Where the model stands.
     pub fn state(&self) -> ModelState {
         match (self.fitting, &self.baseline) {
-            (true, _) => ModelState::Fitting,
+            (_, Some(_)) => ModelState::Fitted,
+            (true, None) => ModelState::Fitting,
             (false, None) => ModelState::Warming,
-            (false, Some(_)) => ModelState::Fitted,
         }
+    }
+
+    /// Whether a refit runs while the current model predicts.
+    pub fn refitting(&self) -> bool {
+        self.fitting && self.baseline.is_some()
     }
 
     /// The current baseline.
@@ -371,8 +376,17 @@ mod tests {
                 n += 1;
                 assert!(n <= 10_000, "no fit due");
             }
+            let first = s.baseline().is_none();
             let data = s.take_training();
+            // A refit leaves the model it replaces predicting; the first fit has none.
+            let (state, refitting) = if first {
+                (ModelState::Fitting, false)
+            } else {
+                (ModelState::Fitted, true)
+            };
+            assert_eq!((s.state(), s.refitting()), (state, refitting));
             s.install(Baseline::fit(&data, &params.baseline, fp()).unwrap());
+            assert_eq!((s.state(), s.refitting()), (ModelState::Fitted, false));
             n
         };
         // The warm-up, then as many again as the model was fitted on (the detector's window of

@@ -26,8 +26,11 @@ pub struct EngineStatus {
     pub anchor: Option<String>,
     /// Model fingerprint key.
     pub fingerprint: String,
-    /// `warming`, `fitting` or `fitted`.
+    /// `warming` (collecting the first training set), `fitting` (the first fit runs) or
+    /// `fitted` (a model predicts).
     pub model_state: String,
+    /// Whether a refit runs beside the model that predicts.
+    pub refitting: bool,
     /// Healthy samples held for training.
     pub training_samples: usize,
     /// Warm-up target.

@@ -212,7 +212,7 @@ impl Job {
         let spawned = std::thread::Builder::new()
             .name("stallscope-writer".into())
             .spawn(move || {
-                crate::os::sched::lower_cpu_priority();
+                crate::os::sched::background();
                 match purpose {
                     Purpose::Reference => keep_reference(&collected, &writer_book),
                     Purpose::DeepDive(req) => {

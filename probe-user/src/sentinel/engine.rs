@@ -358,6 +358,7 @@ impl Engine {
             anchor: self.anchor.func().map(str::to_string),
             fingerprint: self.sentinel.fingerprint().key(),
             model_state: state.to_string(),
+            refitting: self.sentinel.refitting(),
             training_samples: self.sentinel.training_samples(),
             warmup_samples: self.sentinel.params().warmup_samples,
             model_samples: b.map(|b| b.samples),

@@ -94,7 +94,7 @@ impl ModelStore {
                 data.len()
             );
             self.fit = Some(std::thread::spawn(move || {
-                crate::os::sched::lower_cpu_priority();
+                crate::os::sched::background();
                 let t = Instant::now();
                 Baseline::fit(&data, &params, fp).map(|b| (b, t.elapsed()))
             }));
