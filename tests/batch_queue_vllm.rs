@@ -28,7 +28,7 @@ use serde_json::Value;
 mod common;
 use common::daemon::{default_config, metric, Daemon};
 use common::vllm::{parse_export, parse_log, start_step_hog, steps_per_second};
-use common::{free_port, require_root, Proc};
+use common::{free_port, Proc};
 
 /// Requests of the counted load, 8 in flight (about 22 iterations each), or
 /// STALLSCOPE_BATCH_QUEUE_REQUESTS.
@@ -106,12 +106,9 @@ fn attached_daemon(dir: &Path, engine_pid: u64, nudge: Option<(&Path, &Value)>) 
 
 #[test]
 fn batch_queue_iterations_match_vllms_log_and_a_hog_alerts() {
-    let Some(server) = std::env::var_os("STALLSCOPE_VLLM") else {
-        eprintln!("SKIP: STALLSCOPE_VLLM is not set; `cargo xtask test` brings a pipelined vLLM up and runs this test");
+    let Some(server) = common::vllm::server("`cargo xtask test` brings a pipelined vLLM up") else {
         return;
     };
-    require_root();
-    let server: Value = serde_json::from_str(&server.to_string_lossy()).unwrap();
     let pp = server["pipeline_parallel"].as_u64().unwrap_or(1);
     assert!(
         pp >= 2,

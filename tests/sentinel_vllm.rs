@@ -31,7 +31,7 @@ use common::kubelet::{pod_list, series_of, stand_in_kubelet};
 use common::vllm::{
     decode_rate, parse_export, parse_log, start_step_hog, steps_per_second, LogIteration, Row,
 };
-use common::{free_port, http_get, medians_by, require_root, stallscope, Proc};
+use common::{free_port, http_get, medians_by, stallscope, Proc};
 
 /// The steady window of load after the model is fitted: 10 minutes, or
 /// STALLSCOPE_VLLM_STEADY_S seconds (shorter runs while developing). A time, not a count of
@@ -141,12 +141,9 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 #[test]
 fn sentinel_on_real_vllm() {
-    let Some(server) = std::env::var_os("STALLSCOPE_VLLM") else {
-        eprintln!("SKIP: STALLSCOPE_VLLM is not set; `cargo xtask test` brings vLLM up and runs this test");
+    let Some(server) = common::vllm::server("`cargo xtask test` brings vLLM up") else {
         return;
     };
-    require_root();
-    let server: Value = serde_json::from_str(&server.to_string_lossy()).unwrap();
     let engine_pid = server["engine_pid"].as_u64().unwrap();
     let log_path = PathBuf::from(server["log"].as_str().unwrap());
     let xtask = std::env::var_os("STALLSCOPE_XTASK")

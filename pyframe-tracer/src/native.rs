@@ -19,24 +19,11 @@ pub const LIBRARY: &str = "libstallscope_pyprobe.so";
 /// Prefix of its copies in targets' `/tmp` (`stallscope-pyprobe-<pid>-<nonce>.so`).
 pub const COPY_PREFIX: &str = "stallscope-pyprobe-";
 
-/// Directory, next to the library's usual place, of its build for old glibc (`cargo xtask
-/// setup` builds it with zig, as it does the GPU agent's): it loads into engines whose glibc is
-/// as old as 2.28, where the plain build needs 2.34.
-const PORTABLE_DIR: &str = "glibc-2.28";
-
-/// The library: `STALLSCOPE_PYPROBE` if set (empty: none), else next to the running
-/// executable or one directory up (test binaries run from `target/*/deps`), its glibc 2.28
-/// build first. None when there is none: probes then use their pure-Python writer.
+/// The library: `STALLSCOPE_PYPROBE` if set (empty: none), else beside the running executable,
+/// its glibc 2.28 build first ([`sys_util::shipped::locate`]). None when there is none: probes
+/// then use their pure-Python writer.
 pub fn library() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("STALLSCOPE_PYPROBE") {
-        return (!p.is_empty()).then(|| PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().ok()?;
-    exe.ancestors()
-        .skip(1)
-        .take(2)
-        .flat_map(|d| [d.join(PORTABLE_DIR).join(LIBRARY), d.join(LIBRARY)])
-        .find(|p| p.is_file())
+    sys_util::shipped::locate("STALLSCOPE_PYPROBE", LIBRARY)
 }
 
 /// A copy of the library in a target, removed on drop.
@@ -64,8 +51,7 @@ impl Drop for Offer {
 
 /// Whether `pid` maps a copy of the library (it loaded the module before).
 fn loaded(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .is_ok_and(|m| m.lines().any(|l| l.contains(COPY_PREFIX)))
+    sys_util::shipped::is_mapped(pid as u32, COPY_PREFIX)
 }
 
 /// Offers `library` to `pid`: a copy in its `/tmp`, or nothing to copy when it holds the

@@ -4,6 +4,18 @@
 
 use std::path::Path;
 
+/// The vLLM server `cargo xtask test` brought up, from its JSON in STALLSCOPE_VLLM, once the
+/// test is known to run as root; None when the variable is not set, after saying so and what
+/// `brings` such a server up.
+pub fn server(brings: &str) -> Option<serde_json::Value> {
+    let Some(json) = std::env::var_os("STALLSCOPE_VLLM") else {
+        eprintln!("SKIP: STALLSCOPE_VLLM is not set; {brings} and runs this test");
+        return None;
+    };
+    super::require_root();
+    Some(serde_json::from_str(&json.to_string_lossy()).expect("STALLSCOPE_VLLM is JSON"))
+}
+
 /// One line of vLLM's iteration log.
 #[derive(Debug, Clone, Copy)]
 pub struct LogIteration {

@@ -6,13 +6,24 @@ Usage: eval_combine.py OUT.md RUN_DIR [RUN_DIR ...]
 Counts (true/false positives and negatives, detected trials, root causes) are summed over the runs and the
 figures computed from the sums; each seed's own F1 and FPR are listed beside, so the spread shows.
 """
+import csv
 import json
 import sys
 
 
 def load(d):
     with open(d + "/scores.json") as f:
-        return json.load(f)
+        run = json.load(f)
+    with open(d + "/trials.csv") as f:
+        run["trials"] = list(csv.DictReader(f))
+    return run
+
+
+def slowed_root_causes(run, scenario, expected):
+    """(correct, deep dives) over the trials that slowed the engine by the goal, from trials.csv."""
+    dives = [t["root_cause"] for t in run["trials"] if t["scenario"] == scenario and t["root_cause"]
+             and t["slowdown_step"] and float(t["slowdown_step"]) >= run["goal_slowdown"]]
+    return sum(c == expected for c in dives), len(dives)
 
 
 def ratio(a, b):
@@ -89,8 +100,9 @@ def main():
     w("")
     w("Scenarios with no expected category (their cause is not a resource) list the top category instead.")
     w("")
-    w("| Scenario | expected | correct / deep dives | per seed | categories named (all seeds) |")
-    w("|---|---|---:|---|---|")
+    w("| Scenario | expected | correct / deep dives | per seed | when >= %sx slower | per seed | categories named (all seeds) |"
+      % first["goal_slowdown"])
+    w("|---|---|---:|---|---:|---|---|")
     for i, row in enumerate(first["root_cause_top1"]):
         rows = [r["root_cause_top1"][i] for r in runs]
         named = {}
@@ -99,12 +111,13 @@ def main():
                 named[c] = named.get(c, 0) + 1
         named = ", ".join("%s %d" % kv for kv in sorted(named.items(), key=lambda kv: -kv[1]))
         if row["expected"] is None:
-            w("| %s | - | - | - | %s |" % (row["scenario"], named))
+            w("| %s | - | - | - | - | - | %s |" % (row["scenario"], named))
             continue
-        w("| %s | %s | %d/%d | %s | %s |" % (row["scenario"], row["expected"], sum(x["correct"] for x in rows),
-                                            sum(x["deep_dives"] for x in rows),
-                                            ", ".join("%d/%d" % (x["correct"], x["deep_dives"]) for x in rows),
-                                            named))
+        slowed = [slowed_root_causes(r, row["scenario"], row["expected"]) for r in runs]
+        w("| %s | %s | %d/%d | %s | %d/%d | %s | %s |" % (
+            row["scenario"], row["expected"], sum(x["correct"] for x in rows), sum(x["deep_dives"] for x in rows),
+            ", ".join("%d/%d" % (x["correct"], x["deep_dives"]) for x in rows),
+            sum(c for c, _ in slowed), sum(n for _, n in slowed), ", ".join("%d/%d" % x for x in slowed), named))
     w("")
     w("## Calibration: the engine's measured slowdown by intensity (median per bin, per seed)")
     w("")

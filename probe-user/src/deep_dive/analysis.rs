@@ -463,14 +463,47 @@ mod tests {
         );
     }
 
+    /// The timeline of a capture of thread 11 alone, ending at `end_ns`, and its syscalls as
+    /// (start, end, calls).
+    fn thread_11(end_ns: u64, kernel: Vec<Event>) -> (Timeline, Vec<(u64, u64, u64)>) {
+        let c = Collected {
+            end_ns,
+            kernel,
+            threads: [(11, thread("worker"))].into(),
+            ..Collected::default()
+        };
+        let t = Timeline::build(&c);
+        let spans = t.syscalls[&11]
+            .iter()
+            .map(|s| (s.start, s.end, s.what.calls))
+            .collect();
+        (t, spans)
+    }
+
+    /// A thread that exits mid-capture (an injected thread at the end of its run): its exit
+    /// syscall ends with it, and the thread has no state after it.
+    #[test]
+    fn a_thread_that_exits_ends_its_exit_syscall_there() {
+        let (t, spans) = thread_11(
+            10_000,
+            vec![
+                switch(0, 10, 11, 0, false),
+                syscall(100, event::SYS_ENTER, 11, libc::SYS_exit, 0),
+                syscall(120, event::EXIT, 11, 0, 0),
+            ],
+        );
+        assert_eq!(spans, [(100, 120, 1)]);
+        assert_eq!(t.states[&11].last().map(|s| s.end), Some(120));
+    }
+
     /// A run of sched_yield calls, as the probes stream it: its first entry, a switch inside
     /// one of its calls (a yield that gave the CPU away), and one YIELDS event at its last
     /// exit with the number of calls; then another syscall.
     #[test]
     fn a_run_of_yields_is_one_span_with_its_calls() {
-        let c = Collected {
-            end_ns: 500,
-            kernel: vec![
+        let (t, spans) = thread_11(
+            500,
+            vec![
                 switch(0, 10, 11, 0, false),
                 sched_yield(90, 11, true),
                 switch(100, 11, 10, 0, false),
@@ -479,14 +512,7 @@ mod tests {
                 syscall(360, event::SYS_ENTER, 11, libc::SYS_read, 0),
                 syscall(370, event::SYS_EXIT, 11, libc::SYS_read, 8),
             ],
-            threads: [(11, thread("spinner"))].into(),
-            ..Collected::default()
-        };
-        let t = Timeline::build(&c);
-        let spans: Vec<(u64, u64, u64)> = t.syscalls[&11]
-            .iter()
-            .map(|s| (s.start, s.end, s.what.calls))
-            .collect();
+        );
         assert_eq!(spans, [(90, 350, 40), (360, 370, 1)]);
         assert_eq!(t.syscalls[&11][0].what.nr as i64, libc::SYS_sched_yield);
         let yielded: Vec<(u64, u64)> = t.states[&11]

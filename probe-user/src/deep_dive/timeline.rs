@@ -138,7 +138,18 @@ impl Timeline {
                         set(&mut t, &mut current, e.tid, ts, Some(State::Runnable));
                     }
                 }
-                event::EXIT if ours(e.tid) => set(&mut t, &mut current, e.tid, ts, None),
+                event::EXIT if ours(e.tid) => {
+                    set(&mut t, &mut current, e.tid, ts, None);
+                    // The exit (or exit_group) it was in never returns: it ends here, with
+                    // the thread, not at the end of the capture.
+                    if let Some((nr, start)) = open_sys.remove(&e.tid) {
+                        t.syscalls.entry(e.tid).or_default().push(Span {
+                            start,
+                            end: ts,
+                            what: Syscall { nr, calls: 1 },
+                        });
+                    }
+                }
                 event::SYS_ENTER if ours(e.tid) => {
                     open_sys.insert(e.tid, (e.arg0 as u32, ts));
                 }

@@ -46,36 +46,16 @@ pub fn require_driver() -> Result<()> {
     bail!("no GPU: no NVIDIA driver on this host (/dev/nvidiactl is missing)")
 }
 
-/// Directory, next to the executable, of the agent built for old glibc (`cargo xtask setup`
-/// builds it with zig): it loads into engines whose glibc is as old as 2.28, where the plain
-/// build needs 2.34.
-pub const PORTABLE_AGENT_DIR: &str = "glibc-2.28";
-
-/// The agent library: `STALLSCOPE_GPU_AGENT`, else next to the running executable (its
-/// glibc 2.28 build in [`PORTABLE_AGENT_DIR`] when there is one).
+/// The agent library: `STALLSCOPE_GPU_AGENT`, else beside the running executable, its glibc
+/// 2.28 build first ([`sys_util::shipped::locate`]).
 pub fn agent_library() -> Result<PathBuf> {
-    let p = match std::env::var_os("STALLSCOPE_GPU_AGENT") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let dir = std::env::current_exe()?
-                .parent()
-                .context("the executable has no directory")?
-                .to_path_buf();
-            let portable = dir.join(PORTABLE_AGENT_DIR).join(AGENT_FILE);
-            if portable.is_file() {
-                portable
-            } else {
-                dir.join(AGENT_FILE)
-            }
-        }
-    };
-    if !p.is_file() {
-        bail!(
-            "the GPU agent library {} is missing: build it with `cargo xtask setup` (it sits next to the stallscope binary) or point STALLSCOPE_GPU_AGENT at it",
-            p.display()
-        );
-    }
-    Ok(p)
+    sys_util::shipped::locate("STALLSCOPE_GPU_AGENT", AGENT_FILE)
+        .filter(|p| p.is_file())
+        .with_context(|| {
+            format!(
+                "the GPU agent library {AGENT_FILE} is missing: build it with `cargo xtask setup` (it sits next to the stallscope binary) or point STALLSCOPE_GPU_AGENT at it"
+            )
+        })
 }
 
 /// Attaches an agent to every process of `pid`'s tree that has libcupti mapped. Returns the
@@ -85,7 +65,7 @@ pub fn attach_tree(pid: u32) -> Result<(Vec<GpuPlane>, Vec<String>)> {
     require_driver()?;
     let cuda: Vec<u32> = crate::os::procfs::process_tree(pid)
         .into_iter()
-        .filter(|p| is_mapped(*p, "/libcupti.so"))
+        .filter(|p| sys_util::shipped::is_mapped(*p, "/libcupti.so"))
         .collect();
     if cuda.is_empty() {
         bail!("no process of the engine has CUPTI loaded");
@@ -164,13 +144,6 @@ fn host_tid(pid: u32, ns_tid: u32) -> u32 {
         .into_iter()
         .find(|&t| pod_identity::tid_in_namespace(pid, t) == Some(ns_tid))
         .unwrap_or(0)
-}
-
-/// Whether the library at `inside` (a path in the target) is mapped in `pid`.
-pub fn is_mapped(pid: u32, inside: &str) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/maps"))
-        .map(|m| m.lines().any(|l| l.contains(inside)))
-        .unwrap_or(false)
 }
 
 impl GpuPlane {
@@ -408,7 +381,7 @@ impl GpuPlane {
             "import ctypes, os, _ctypes\n_h = ctypes.CDLL({:?}, mode=os.RTLD_NOLOAD | os.RTLD_NOW)._handle\n_ctypes.dlclose(_h)\n_ctypes.dlclose(_h)\n",
             self.agent_path
         );
-        if is_mapped(self.pid, &self.agent_path) {
+        if sys_util::shipped::is_mapped(self.pid, &self.agent_path) {
             if let Err(e) = pyframe_tracer::inject::run_source(self.pid as i32, &source, SAFE_POINT)
             {
                 log::warn!(
@@ -417,7 +390,7 @@ impl GpuPlane {
                 );
             }
         }
-        !is_mapped(self.pid, &self.agent_path)
+        !sys_util::shipped::is_mapped(self.pid, &self.agent_path)
     }
 }
 

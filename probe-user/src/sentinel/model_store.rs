@@ -1,6 +1,6 @@
 //! An engine's baseline model on disk and its fits: the fingerprint it is kept under
 //! (framework, served model, hardware), loading a model fitted before, fitting off the hot
-//! path on a low-priority thread, and saving what was fitted.
+//! path on a background thread (`os::sched::background`), and saving what was fitted.
 
 use std::{
     path::{Path, PathBuf},
