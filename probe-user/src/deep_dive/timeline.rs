@@ -89,6 +89,16 @@ fn set(
     }
 }
 
+/// Records `tid`'s syscall `(nr, start)`, open since `start`, as ended at `end` after `calls`
+/// calls.
+fn end_syscall(t: &mut Timeline, tid: u32, (nr, start): (u32, u64), end: u64, calls: u64) {
+    t.syscalls.entry(tid).or_default().push(Span {
+        start,
+        end,
+        what: Syscall { nr, calls },
+    });
+}
+
 /// TASK_UNINTERRUPTIBLE in sched_switch's prev_state.
 pub const TASK_UNINTERRUPTIBLE: u64 = 0x2;
 
@@ -142,26 +152,18 @@ impl Timeline {
                     set(&mut t, &mut current, e.tid, ts, None);
                     // The exit (or exit_group) it was in never returns: it ends here, with
                     // the thread, not at the end of the capture.
-                    if let Some((nr, start)) = open_sys.remove(&e.tid) {
-                        t.syscalls.entry(e.tid).or_default().push(Span {
-                            start,
-                            end: ts,
-                            what: Syscall { nr, calls: 1 },
-                        });
+                    if let Some(open) = open_sys.remove(&e.tid) {
+                        end_syscall(&mut t, e.tid, open, ts, 1);
                     }
                 }
                 event::SYS_ENTER if ours(e.tid) => {
                     open_sys.insert(e.tid, (e.arg0 as u32, ts));
                 }
                 kind @ (event::SYS_EXIT | event::YIELDS) if ours(e.tid) => {
-                    if let Some((nr, start)) = open_sys.remove(&e.tid) {
-                        if nr == e.arg0 as u32 {
+                    if let Some(open) = open_sys.remove(&e.tid) {
+                        if open.0 == e.arg0 as u32 {
                             let calls = if kind == event::YIELDS { e.arg1 } else { 1 };
-                            t.syscalls.entry(e.tid).or_default().push(Span {
-                                start,
-                                end: ts,
-                                what: Syscall { nr, calls },
-                            });
+                            end_syscall(&mut t, e.tid, open, ts, calls);
                         }
                     }
                 }
@@ -172,13 +174,9 @@ impl Timeline {
         for tid in tids {
             set(&mut t, &mut current, tid, c.end_ns, None);
         }
-        for (tid, (nr, start)) in open_sys {
-            if c.end_ns > start {
-                t.syscalls.entry(tid).or_default().push(Span {
-                    start,
-                    end: c.end_ns,
-                    what: Syscall { nr, calls: 0 },
-                });
+        for (tid, open) in open_sys {
+            if c.end_ns > open.1 {
+                end_syscall(&mut t, tid, open, c.end_ns, 0);
             }
         }
         for v in t.syscalls.values_mut() {

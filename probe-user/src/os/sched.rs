@@ -48,9 +48,7 @@ pub fn background() {
             "background threads (fits, deep-dive writers) run at SCHED_BATCH nice {FALLBACK_NICE}, with no bound on how long the engine's threads delay them: SCHED_DEADLINE was refused ({refused}; it needs CAP_SYS_NICE and a CPU affinity spanning every CPU)"
         );
     });
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: pid 0 is the calling thread; param is valid for the call.
-    let batch = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } == 0;
+    let batch = set_policy(libc::SCHED_BATCH, 0);
     // SAFETY: plain syscalls on the calling thread (Linux nice values are per thread).
     let niced = unsafe {
         libc::setpriority(

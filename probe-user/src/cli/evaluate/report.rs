@@ -336,14 +336,10 @@ pub fn write_outputs(
         .iter()
         .filter(|_| args.deep_dives)
         .map(|s| {
-            let dived = || {
-                records
-                    .iter()
-                    .filter(|r| r.scenario == s.name && r.root_cause.is_some())
-            };
-            let got: Vec<&str> = dived().filter_map(|r| r.root_cause.as_deref()).collect();
+            let trials = || records.iter().filter(|r| r.scenario == s.name);
+            let got: Vec<&str> = trials().filter_map(|r| r.root_cause.as_deref()).collect();
             // The goal's count: the deep dives of trials that slowed the engine.
-            let slowed_got: Vec<&str> = dived()
+            let slowed_got: Vec<&str> = trials()
                 .filter(|r| slowed(r))
                 .filter_map(|r| r.root_cause.as_deref())
                 .collect();
