@@ -11,8 +11,15 @@ use anyhow::{Context, Result};
 use pyframe_tracer::{ring::Record, ring::Ring, AttachOptions, Framework, Session};
 
 const VERSIONS: [&str; 4] = ["3.10", "3.11", "3.12", "3.13"];
-/// Attached rounds per writer and version (each after a round without the probe).
-const PAIRS: usize = 10;
+/// Attached rounds per writer and version (each after a round without the probe): enough
+/// pairs for the unwatched calls' change to be resolved to about 2 %.
+const PAIRS: usize = 30;
+/// Processes per arm and version for the unwatched calls alone, each one pair.
+const ALONE_PAIRS: usize = 20;
+/// A fresh target's warm-up before its rounds are measured.
+const WARM_UP: Duration = Duration::from_secs(1);
+/// The later round starts this long after the attach (or the moment it would have been).
+const SETTLED: Duration = Duration::from_secs(3);
 
 struct Target {
     child: Child,
@@ -21,13 +28,15 @@ struct Target {
 }
 
 impl Target {
-    fn start(version: &str) -> Result<Target> {
+    /// `mode`: "both" (each round calls `watched`, then `unwatched`) or "unwatched".
+    fn start(version: &str, mode: &str) -> Result<Target> {
         let script = crate::root().join("tests/targets/py_bench.py");
         let mut child =
             Command::new(crate::setup::pyenv_python(version).with_context(|| {
                 format!("CPython {version} not in pyenv (run cargo xtask setup)")
             })?)
             .arg(script)
+            .args(["200000", mode])
             .stdout(Stdio::piped())
             .spawn()?;
         let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
@@ -36,9 +45,9 @@ impl Target {
         Ok(Target { child, lines, pid })
     }
 
-    /// (watched ns/call, unwatched ns/call) of the first round that started after now (older lines are
-    /// still in the pipe and are skipped).
-    fn round(&mut self) -> Result<(f64, f64)> {
+    /// The first round that started after now (older lines are still in the pipe and are
+    /// skipped).
+    fn round(&mut self) -> Result<Round> {
         let now = sys_util::clock::monotonic_ns() as f64;
         loop {
             let line = self.lines.next().context("target ended")??;
@@ -47,9 +56,12 @@ impl Target {
                 .skip(1)
                 .map(|x| x.parse::<f64>())
                 .collect::<Result<_, _>>()?;
-            anyhow::ensure!(v.len() == 3, "bad round line {line:?}");
+            anyhow::ensure!(v.len() == 5, "bad round line {line:?}");
             if v[0] > now {
-                return Ok((v[1], v[2]));
+                return Ok(Round {
+                    watched: v[3],
+                    unwatched: v[4],
+                });
             }
         }
     }
@@ -62,6 +74,14 @@ impl Drop for Target {
     }
 }
 
+/// One round of the target: ns per call by the thread's CPU clock, which leaves out the
+/// time the thread waited for a CPU (the wall clock's rounds spread over ±15 % on 2 vCPUs).
+#[derive(Clone, Copy)]
+struct Round {
+    watched: f64,
+    unwatched: f64,
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -71,18 +91,54 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// (`pyframe-native`, loaded into the target) and the pure-Python fallback.
 const WRITERS: [&str; 2] = ["native", "python"];
 
-/// One writer's rounds with the probe attached, and the pauses of its attaches.
+/// The compiled record writer's library.
+fn native_writer() -> Result<std::path::PathBuf> {
+    pyframe_tracer::native::library().context(
+        "the compiled writer (libstallscope_pyprobe.so) is not built: cargo build --release",
+    )
+}
+
+/// One writer's rounds with the probe attached, each beside the round without it just
+/// before, and the pauses of its attaches.
 #[derive(Default)]
 struct Arm {
-    watched: Vec<f64>,
-    unwatched: Vec<f64>,
+    pairs: Vec<(Round, Round)>,
     pauses: Vec<f64>,
     mechanism: String,
 }
 
-/// One round with `__main__:watched` watched through `writer`, a reader draining the ring
-/// every 2 ms meanwhile, into `arm`.
-fn watched_round(t: &mut Target, version: &str, writer: &str, arm: &mut Arm) -> Result<()> {
+impl Arm {
+    /// Cost per watched call, ns: the medians' difference.
+    fn watched_cost(&self) -> (f64, f64) {
+        let base = median(self.pairs.iter().map(|(b, _)| b.watched).collect());
+        (
+            base,
+            median(self.pairs.iter().map(|(_, r)| r.watched).collect()),
+        )
+    }
+}
+
+/// The change of `unwatched` calls over pairs of rounds, %: mean and 95 % CI half-width of
+/// the per-pair ratios.
+fn unwatched_change(pairs: &[(Round, Round)]) -> (f64, f64) {
+    let ratios: Vec<f64> = pairs
+        .iter()
+        .map(|(b, r)| (r.unwatched / b.unwatched - 1.0) * 100.0)
+        .collect();
+    crate::bench_sentinel::mean_ci95(&ratios)
+}
+
+/// One round with `__main__:watched` watched through `writer`, into `arm` beside `base`, the
+/// round before without the probe. With `drain`, a reader drains the ring every 2 ms
+/// meanwhile; without, the round must leave no record (`watched` not called).
+fn watched_round(
+    t: &mut Target,
+    version: &str,
+    writer: &str,
+    drain: bool,
+    base: Round,
+    arm: &mut Arm,
+) -> Result<()> {
     let options = AttachOptions {
         specs: vec!["__main__:watched".parse()?],
         framework: Framework::Named("generic".into()),
@@ -91,9 +147,7 @@ fn watched_round(t: &mut Target, version: &str, writer: &str, arm: &mut Arm) -> 
         lanes: 2,
         lane_capacity: 1 << 17,
         native: match writer {
-            "native" => Some(pyframe_tracer::native::library().context(
-                "the compiled writer (libstallscope_pyprobe.so) is not built: cargo build --release",
-            )?),
+            "native" => Some(native_writer()?),
             _ => None,
         },
         ..AttachOptions::default()
@@ -108,10 +162,10 @@ fn watched_round(t: &mut Target, version: &str, writer: &str, arm: &mut Arm) -> 
     arm.pauses.push(session.pause.as_secs_f64() * 1e6);
     arm.mechanism.clone_from(&session.probes[0].mechanism);
     let done = std::sync::atomic::AtomicBool::new(false);
-    let (w, u) = std::thread::scope(|s| -> Result<(f64, f64)> {
+    let round = std::thread::scope(|s| -> Result<Round> {
         let reader = s.spawn(|| {
             let mut sink = Vec::new();
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            while drain && !done.load(std::sync::atomic::Ordering::Relaxed) {
                 session.drain(&mut sink);
                 sink.clear();
                 std::thread::sleep(Duration::from_millis(2));
@@ -122,11 +176,17 @@ fn watched_round(t: &mut Target, version: &str, writer: &str, arm: &mut Arm) -> 
         reader.join().expect("reader");
         r
     })?;
-    arm.watched.push(w);
-    arm.unwatched.push(u);
+    arm.pairs.push((base, round));
     let lost = session.lost_records();
+    let mut left = Vec::new();
+    session.drain(&mut left);
     session.detach()?;
     anyhow::ensure!(lost == 0, "{version} {writer}: {lost} records lost");
+    anyhow::ensure!(
+        drain || left.is_empty(),
+        "{version}: {} records from a round that calls no watched function",
+        left.len()
+    );
     Ok(())
 }
 
@@ -136,42 +196,123 @@ pub fn run() -> Result<()> {
     println!(
         "### Cost per call and injection pause (A/B interleaved, {PAIRS} rounds per arm and version)\n"
     );
-    println!("`tests/targets/py_bench.py` times 200k calls of `watched(x)` and of `unwatched(x)` per round. Each");
-    println!("attached round (`__main__:watched` watched, by each record writer in turn) follows a round without");
-    println!("the probe; each is the first round that starts after the attach or detach returned. Pause = time a");
-    println!("target thread was stopped by ptrace during the attach.\n");
-    println!("| CPython | writer | mechanism | watched: base → with probe (ns/call) | cost per watched call | unwatched: base → with probe | pause p50 / max |");
-    println!("|---|---|---|---|---:|---:|---:|");
+    println!("`tests/targets/py_bench.py` times 200k calls of `watched(x)` and of `unwatched(x)` per round (the");
+    println!("median of 10 chunks by the thread's CPU clock). Each attached round (`__main__:watched` watched, by each record writer in");
+    println!("turn) follows a round without the probe, its pair; each is the first round that starts after the");
+    println!("attach or detach returned. Watched: the medians over the pairs. Unwatched: the mean change over");
+    println!("the pairs with its 95 % CI; \"control\" is the same over pairs of two rounds without the probe (the");
+    println!("round between them attached), what the measurement alone shows. Pause = time a target thread was");
+    println!("stopped by ptrace during the attach.\n");
+    println!("| CPython | writer | mechanism | watched: base → with probe (ns/call) | cost per watched call | unwatched with probe: change (95 % CI) | control | pause p50 / max |");
+    println!("|---|---|---|---|---:|---:|---:|---:|");
     for version in VERSIONS {
-        let mut t = Target::start(version)?;
+        let mut t = Target::start(version, "both")?;
         t.round()?; // warm-up
-        let (mut base_w, mut base_u) = (vec![], vec![]);
+        let mut bases = Vec::new();
         let mut arms: Vec<Arm> = WRITERS.iter().map(|_| Arm::default()).collect();
         for pair in 0..PAIRS {
             // The writers' order alternates, so neither always follows the other.
             for i in 0..WRITERS.len() {
                 let i = (i + pair) % WRITERS.len();
-                let (w, u) = t.round()?;
-                base_w.push(w);
-                base_u.push(u);
-                watched_round(&mut t, version, WRITERS[i], &mut arms[i])?;
+                let base = t.round()?;
+                bases.push(base);
+                watched_round(&mut t, version, WRITERS[i], true, base, &mut arms[i])?;
             }
         }
-        let (aw, au) = (median(base_w.clone()), median(base_u.clone()));
+        let control: Vec<(Round, Round)> = bases.windows(2).map(|w| (w[0], w[1])).collect();
+        let (cm, cw) = unwatched_change(&control);
         for (writer, arm) in WRITERS.iter().zip(arms) {
-            let (bw, bu) = (median(arm.watched), median(arm.unwatched));
+            let (aw, bw) = arm.watched_cost();
+            let (um, uw) = unwatched_change(&arm.pairs);
             println!(
-                "| {version} | {writer} | {} | {aw:.1} → {bw:.1} | {:.0} ns | {au:.1} → {bu:.1} ({:+.1} %) | {:.0} µs / {:.0} µs |",
+                "| {version} | {writer} | {} | {aw:.1} → {bw:.1} | {:.0} ns | {um:+.2} % (±{uw:.2}) | {cm:+.2} % (±{cw:.2}) | {:.0} µs / {:.0} µs |",
                 arm.mechanism,
                 bw - aw,
-                (bu / au - 1.0) * 100.0,
                 median(arm.pauses.clone()),
                 arm.pauses.iter().cloned().fold(0.0, f64::max)
             );
         }
     }
     println!();
+    unwatched_alone()?;
     ring_throughput()
+}
+
+/// Unwatched calls with `__main__:watched` watched but never called: what the mechanisms
+/// alone do to other code, apart from the record traffic of a thread that also calls a
+/// watched function millions of times a second (the table above).
+///
+/// A loop's speed in one process moves by several % whenever anything allocates (measured:
+/// one 3.11 process ran the loop at 29.8, 30.9 and 28.0 ns per call before, during and after
+/// an attach, its level changing at each event and holding in between), and a young process
+/// speeds up over its first seconds. So each pair is a fresh process (its own randomised
+/// addresses), and the processes alternate between two arms with the same timeline: the
+/// probe attached after the first round, or nothing done. The probe's effect is the
+/// difference of the arms' mean changes.
+pub fn unwatched_alone() -> Result<()> {
+    println!("### Unwatched calls, the watched function not called ({ALONE_PAIRS} processes per arm and version)\n");
+    println!("`py_bench.py` with its rounds calling `unwatched` only, a fresh process each time: {} s of", WARM_UP.as_secs());
+    println!("warm-up, a round, then in alternate processes the probe attached (`__main__:watched` watched,");
+    println!("compiled writer) or nothing done, then the first round after that and the first {} s later,", SETTLED.as_secs());
+    println!(
+        "each over the first round. Effect: the attached arm's mean change minus the other arm's,"
+    );
+    println!("with its 95 % CI.\n");
+    println!("| CPython | mechanism | unwatched: base (ns/call) | right after the attach: attached / not / effect | {} s later: attached / not / effect |", SETTLED.as_secs());
+    println!("|---|---|---:|---:|---:|");
+    for version in VERSIONS {
+        // [arm][point]: arm 0 attached, 1 not; point 0 right after, 1 later.
+        let mut pairs: [[Vec<(Round, Round)>; 2]; 2] = Default::default();
+        let mut mechanism = String::new();
+        for i in 0..2 * ALONE_PAIRS {
+            let attach = i % 2 == 0;
+            let mut t = Target::start(version, "unwatched")?;
+            std::thread::sleep(WARM_UP);
+            let base = t.round()?;
+            let session = if attach {
+                let s = Session::attach(
+                    t.pid,
+                    AttachOptions {
+                        specs: vec!["__main__:watched".parse()?],
+                        framework: Framework::Named("generic".into()),
+                        native: Some(native_writer()?),
+                        ..AttachOptions::default()
+                    },
+                )?;
+                mechanism.clone_from(&s.probes[0].mechanism);
+                Some(s)
+            } else {
+                None
+            };
+            let arm = usize::from(!attach);
+            pairs[arm][0].push((base, t.round()?));
+            std::thread::sleep(SETTLED);
+            pairs[arm][1].push((base, t.round()?));
+            if let Some(session) = session {
+                let mut records = Vec::new();
+                session.drain(&mut records);
+                session.detach()?;
+                anyhow::ensure!(records.is_empty(), "{version}: records from uncalled code");
+            }
+        }
+        let cell = |point: usize| {
+            let (a, aw) = unwatched_change(&pairs[0][point]);
+            let (n, nw) = unwatched_change(&pairs[1][point]);
+            format!(
+                "{a:+.2} / {n:+.2} / {:+.2} % (±{:.2})",
+                a - n,
+                (aw * aw + nw * nw).sqrt()
+            )
+        };
+        println!(
+            "| {version} | {mechanism} | {:.1} | {} | {} |",
+            median(pairs[0][0].iter().map(|(b, _)| b.unwatched).collect()),
+            cell(0),
+            cell(1),
+        );
+    }
+    println!();
+    Ok(())
 }
 
 /// Records per second through the ring's reader (the Rust side), producer in another thread.

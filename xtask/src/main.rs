@@ -53,12 +53,13 @@ enum Task {
     Test,
     /// Run the benchmarks and print a Markdown report (see BENCHMARKS.md).
     Bench {
-        /// Only this part: `kernel`, `python`, `sentinel`, `overhead`, `memory` (an hour),
+        /// Only this part: `kernel`, `python`, `python-unwatched` (the unwatched calls alone,
+        /// part of `python`), `sentinel`, `overhead`, `memory` (an hour),
         /// `trace`, `deep-dive`, `batch-queue` or `fuzz` (default: all; the sentinel's vLLM
         /// part, `overhead`, `memory` and `deep-dive` need `cargo xtask vllm up` first,
         /// `batch-queue` `cargo xtask vllm up --pipeline-parallel 2`, and each is skipped
         /// without its server).
-        #[arg(long, value_parser = ["kernel", "python", "sentinel", "overhead", "memory", "trace", "deep-dive", "batch-queue", "fuzz"])]
+        #[arg(long, value_parser = ["kernel", "python", "python-unwatched", "sentinel", "overhead", "memory", "trace", "deep-dive", "batch-queue", "fuzz"])]
         only: Option<String>,
         /// Seconds per fuzz target in the `fuzz` part.
         #[arg(long, default_value_t = 1800)]
@@ -156,6 +157,9 @@ fn main() -> Result<()> {
             }
             if part("python") {
                 bench_python::run()?;
+            }
+            if only.as_deref() == Some("python-unwatched") {
+                bench_python::unwatched_alone()?;
             }
             if part("sentinel") {
                 bench_sentinel::run()?;
