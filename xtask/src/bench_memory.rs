@@ -1,7 +1,7 @@
 //! `cargo xtask bench --only memory`: whether the daemon's memory stays flat over a long run
 //! attached to vLLM under steady load, with what a long run brings: refits, reference
-//! recordings, alerts and a deep dive every 10 minutes. Samples the daemon's RSS, open file
-//! descriptors and threads every 10 s. `STALLSCOPE_MEMORY_SOAK_S` sets the length (default
+//! recordings, alerts and a deep dive every 10 minutes. Samples the daemon's RSS, its heap
+//! (allocated and free, from its metrics), open file descriptors and threads every 10 s. `STALLSCOPE_MEMORY_SOAK_S` sets the length (default
 //! one hour).
 
 use std::{
@@ -25,6 +25,8 @@ const SETTLED: Duration = Duration::from_secs(300);
 struct Sample {
     at_s: f64,
     rss_mib: f64,
+    /// The heap's allocated and free bytes, MiB (`stallscope_daemon_heap_bytes`).
+    heap_mib: Option<(f64, f64)>,
     fds: usize,
     threads: u64,
 }
@@ -35,6 +37,14 @@ fn sample(pid: u32, at_s: f64) -> Option<Sample> {
     Some(Sample {
         at_s,
         rss_mib: field("VmRSS")? as f64 / 1024.0,
+        heap_mib: crate::bench_sentinel::metrics().and_then(|m| {
+            let heap = |state: &str| {
+                let key = format!("stallscope_daemon_heap_bytes{{state=\"{state}\"}} ");
+                let line = m.lines().find(|l| l.starts_with(&key))?;
+                Some(line[key.len()..].trim().parse::<f64>().ok()? / (1 << 20) as f64)
+            };
+            Some((heap("in_use")?, heap("free")?))
+        }),
         fds: std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count(),
         threads: field("Threads")?,
     })
@@ -120,14 +130,16 @@ fn report(samples: &[Sample], dives: usize, refused: usize, length: Duration) {
         "{:.0} minutes attached to vLLM under `vllm load --concurrency 8`, {dives} requested deep dives taken, {refused} refused by the hourly cap; every 5 minutes:\n",
         length.as_secs_f64() / 60.0
     );
-    println!("| minute | RSS (MiB) | fds | threads |\n|---|---|---|---|");
+    println!("| minute | RSS (MiB) | heap allocated / free (MiB) | fds | threads |\n|---|---|---|---|---|");
     let mut next = 0.0;
     for s in samples {
         if s.at_s >= next {
             println!(
-                "| {:.0} | {:.1} | {} | {} |",
+                "| {:.0} | {:.1} | {} | {} | {} |",
                 s.at_s / 60.0,
                 s.rss_mib,
+                s.heap_mib
+                    .map_or("-".into(), |(a, f)| format!("{a:.1} / {f:.1}")),
                 s.fds,
                 s.threads
             );
@@ -167,4 +179,26 @@ fn report(samples: &[Sample], dives: usize, refused: usize, length: Duration) {
         first.threads,
         last.threads
     );
+    // What the daemon holds apart from what its allocator keeps: a leak grows this, retention
+    // by the allocator grows only the free part.
+    let allocated: Vec<(f64, f64)> = settled
+        .iter()
+        .filter_map(|s| Some((s.at_s, s.heap_mib?.0)))
+        .collect();
+    let free: Vec<(f64, f64)> = settled
+        .iter()
+        .filter_map(|s| Some((s.at_s, s.heap_mib?.1)))
+        .collect();
+    if allocated.len() > 1 {
+        println!(
+            "heap after minute {:.0}: allocated {:.1} -> {:.1} MiB (trend {:+.2} MiB per hour), free {:.1} -> {:.1} MiB (trend {:+.2} MiB per hour)",
+            SETTLED.as_secs_f64() / 60.0,
+            allocated[0].1,
+            allocated[allocated.len() - 1].1,
+            slope(&allocated) * 3600.0,
+            free[0].1,
+            free[free.len() - 1].1,
+            slope(&free) * 3600.0,
+        );
+    }
 }

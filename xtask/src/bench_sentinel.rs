@@ -252,7 +252,7 @@ fn stop_daemon(d: Daemon) -> Result<()> {
     Ok(())
 }
 
-fn metrics() -> Option<String> {
+pub(crate) fn metrics() -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect("127.0.0.1:9477").ok()?;
     s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;

@@ -124,6 +124,8 @@ pub struct Metrics {
     pub fleet_group: IntGaugeVec,
     /// HTTP connections closed at once because the listener's cap was reached.
     pub http_refused_connections: IntCounter,
+    /// The daemon's own heap, read at each scrape.
+    pub heap: IntGaugeVec,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -224,6 +226,7 @@ impl Metrics {
             state_write_failures: reg(r, IntCounterVec::new(opts("state_write_failures_total", "Writes into the state directory that failed (full disk, read-only directory); the daemon goes on without them"), &["file"]).unwrap()),
             fleet_group: reg(r, IntGaugeVec::new(opts("fleet_group_info", "1 per serving group of this node's engines ([fleet] group or group_pod_label), with this node's name ([fleet] node)"), &["serving_group", "node"]).unwrap()),
             http_refused_connections: reg(r, IntCounter::with_opts(opts("http_refused_connections_total", "HTTP connections closed at once because the listener already served its maximum")).unwrap()),
+            heap: reg(r, IntGaugeVec::new(opts("daemon_heap_bytes", "The daemon's malloc heap at this scrape: in_use (allocated), free (held by the allocator, not given back to the kernel)"), &["state"]).unwrap()),
             registry,
         }
     }
@@ -235,6 +238,11 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        let heap = crate::os::memory::heap();
+        self.heap
+            .with_label_values(&["in_use"])
+            .set(heap.in_use as i64);
+        self.heap.with_label_values(&["free"]).set(heap.free as i64);
         let mut buf = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut buf)
