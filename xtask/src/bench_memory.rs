@@ -1,7 +1,9 @@
 //! `cargo xtask bench --only memory`: whether the daemon's memory stays flat over a long run
 //! attached to vLLM under steady load, with what a long run brings: refits, reference
-//! recordings, alerts and a deep dive every 10 minutes. Samples the daemon's RSS, its heap
-//! (allocated and free, from its metrics), open file descriptors and threads every 10 s. `STALLSCOPE_MEMORY_SOAK_S` sets the length (default
+//! recordings, alerts and a deep dive every 10 minutes. Samples the daemon's RSS (with its
+//! anonymous and file-backed parts: code pages first run late in a run stay resident, which is
+//! no leak), its heap (allocated and free, from its metrics), open file descriptors and
+//! threads every 10 s. `STALLSCOPE_MEMORY_SOAK_S` sets the length (default
 //! one hour).
 
 use std::{
@@ -25,6 +27,9 @@ const SETTLED: Duration = Duration::from_secs(300);
 struct Sample {
     at_s: f64,
     rss_mib: f64,
+    /// Anonymous and file-backed parts of the RSS, MiB.
+    anon_mib: f64,
+    file_mib: f64,
     /// The heap's allocated and free bytes, MiB (`stallscope_daemon_heap_bytes`).
     heap_mib: Option<(f64, f64)>,
     fds: usize,
@@ -37,6 +42,8 @@ fn sample(pid: u32, at_s: f64) -> Option<Sample> {
     Some(Sample {
         at_s,
         rss_mib: field("VmRSS")? as f64 / 1024.0,
+        anon_mib: field("RssAnon")? as f64 / 1024.0,
+        file_mib: field("RssFile")? as f64 / 1024.0,
         heap_mib: crate::bench_sentinel::metrics().and_then(|m| {
             let heap = |state: &str| {
                 let key = format!("stallscope_daemon_heap_bytes{{state=\"{state}\"}} ");
@@ -130,14 +137,16 @@ fn report(samples: &[Sample], dives: usize, refused: usize, length: Duration) {
         "{:.0} minutes attached to vLLM under `vllm load --concurrency 8`, {dives} requested deep dives taken, {refused} refused by the hourly cap; every 5 minutes:\n",
         length.as_secs_f64() / 60.0
     );
-    println!("| minute | RSS (MiB) | heap allocated / free (MiB) | fds | threads |\n|---|---|---|---|---|");
+    println!("| minute | RSS (MiB) | anonymous / file-backed (MiB) | heap allocated / free (MiB) | fds | threads |\n|---|---|---|---|---|---|");
     let mut next = 0.0;
     for s in samples {
         if s.at_s >= next {
             println!(
-                "| {:.0} | {:.1} | {} | {} | {} |",
+                "| {:.0} | {:.1} | {:.1} / {:.1} | {} | {} | {} |",
                 s.at_s / 60.0,
                 s.rss_mib,
+                s.anon_mib,
+                s.file_mib,
                 s.heap_mib
                     .map_or("-".into(), |(a, f)| format!("{a:.1} / {f:.1}")),
                 s.fds,
@@ -189,6 +198,16 @@ fn report(samples: &[Sample], dives: usize, refused: usize, length: Duration) {
         .iter()
         .filter_map(|s| Some((s.at_s, s.heap_mib?.1)))
         .collect();
+    let anon: Vec<(f64, f64)> = settled.iter().map(|s| (s.at_s, s.anon_mib)).collect();
+    println!(
+        "anonymous RSS after minute {:.0}: {:.1} -> {:.1} MiB (trend {:+.2} MiB per hour); file-backed {:.1} -> {:.1} MiB",
+        SETTLED.as_secs_f64() / 60.0,
+        first.anon_mib,
+        last.anon_mib,
+        slope(&anon) * 3600.0,
+        first.file_mib,
+        last.file_mib,
+    );
     if allocated.len() > 1 {
         println!(
             "heap after minute {:.0}: allocated {:.1} -> {:.1} MiB (trend {:+.2} MiB per hour), free {:.1} -> {:.1} MiB (trend {:+.2} MiB per hour)",

@@ -226,7 +226,7 @@ impl Metrics {
             state_write_failures: reg(r, IntCounterVec::new(opts("state_write_failures_total", "Writes into the state directory that failed (full disk, read-only directory); the daemon goes on without them"), &["file"]).unwrap()),
             fleet_group: reg(r, IntGaugeVec::new(opts("fleet_group_info", "1 per serving group of this node's engines ([fleet] group or group_pod_label), with this node's name ([fleet] node)"), &["serving_group", "node"]).unwrap()),
             http_refused_connections: reg(r, IntCounter::with_opts(opts("http_refused_connections_total", "HTTP connections closed at once because the listener already served its maximum")).unwrap()),
-            heap: reg(r, IntGaugeVec::new(opts("daemon_heap_bytes", "The daemon's malloc heap at this scrape: in_use (allocated), free (held by the allocator, not given back to the kernel)"), &["state"]).unwrap()),
+            heap: reg(r, IntGaugeVec::new(opts("daemon_heap_bytes", "The daemon's malloc heap at this scrape: in_use (allocated), free (in the allocator's free lists: resident unless trimmed)"), &["state"]).unwrap()),
             registry,
         }
     }
