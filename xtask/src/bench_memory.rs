@@ -188,36 +188,29 @@ fn report(samples: &[Sample], dives: usize, refused: usize, length: Duration) {
         first.threads,
         last.threads
     );
-    // What the daemon holds apart from what its allocator keeps: a leak grows this, retention
-    // by the allocator grows only the free part.
-    let allocated: Vec<(f64, f64)> = settled
-        .iter()
-        .filter_map(|s| Some((s.at_s, s.heap_mib?.0)))
-        .collect();
-    let free: Vec<(f64, f64)> = settled
-        .iter()
-        .filter_map(|s| Some((s.at_s, s.heap_mib?.1)))
-        .collect();
-    let anon: Vec<(f64, f64)> = settled.iter().map(|s| (s.at_s, s.anon_mib)).collect();
+    // What the daemon holds apart from what its allocator keeps: a leak grows the allocated
+    // heap, retention by the allocator only the free part.
+    let series = |of: fn(&Sample) -> Option<f64>| -> Vec<(f64, f64)> {
+        settled
+            .iter()
+            .filter_map(|s| Some((s.at_s, of(s)?)))
+            .collect()
+    };
+    let drift = |points: &[(f64, f64)]| match (points.first(), points.last()) {
+        (Some(a), Some(b)) => format!(
+            "{:.1} -> {:.1} MiB (trend {:+.2} MiB per hour)",
+            a.1,
+            b.1,
+            slope(points) * 3600.0
+        ),
+        _ => "-".into(),
+    };
     println!(
-        "anonymous RSS after minute {:.0}: {:.1} -> {:.1} MiB (trend {:+.2} MiB per hour); file-backed {:.1} -> {:.1} MiB",
+        "after minute {:.0}: anonymous RSS {}; file-backed RSS {}; heap allocated {}, free {}",
         SETTLED.as_secs_f64() / 60.0,
-        first.anon_mib,
-        last.anon_mib,
-        slope(&anon) * 3600.0,
-        first.file_mib,
-        last.file_mib,
+        drift(&series(|s| Some(s.anon_mib))),
+        drift(&series(|s| Some(s.file_mib))),
+        drift(&series(|s| Some(s.heap_mib?.0))),
+        drift(&series(|s| Some(s.heap_mib?.1))),
     );
-    if allocated.len() > 1 {
-        println!(
-            "heap after minute {:.0}: allocated {:.1} -> {:.1} MiB (trend {:+.2} MiB per hour), free {:.1} -> {:.1} MiB (trend {:+.2} MiB per hour)",
-            SETTLED.as_secs_f64() / 60.0,
-            allocated[0].1,
-            allocated[allocated.len() - 1].1,
-            slope(&allocated) * 3600.0,
-            free[0].1,
-            free[free.len() - 1].1,
-            slope(&free) * 3600.0,
-        );
-    }
 }

@@ -231,21 +231,22 @@ impl Metrics {
         }
     }
 
-    /// Every metric family with at least one series, as the registry gathers them.
+    /// Every metric family with at least one series, as the registry gathers them, the
+    /// daemon's heap read now: both the scrape and the OTLP export come through here.
     pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
-        self.registry.gather()
-    }
-
-    /// The Prometheus text exposition of every metric.
-    pub fn render(&self) -> String {
         let heap = crate::os::memory::heap();
         self.heap
             .with_label_values(&["in_use"])
             .set(heap.in_use as i64);
         self.heap.with_label_values(&["free"]).set(heap.free as i64);
+        self.registry.gather()
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
         let mut buf = Vec::new();
         TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buf)
+            .encode(&self.gather(), &mut buf)
             .expect("text encoding cannot fail");
         String::from_utf8(buf).expect("the text format is UTF-8")
     }
