@@ -31,7 +31,7 @@ pub fn run<T: Serialize + DeserializeOwned>(
     options: Options,
     work: impl FnOnce(&mut BorrowedThread) -> Result<T>,
 ) -> Result<Done<T>> {
-    let bytes = sys_util::detached::run(|| {
+    let bytes = sys_util::detached::run(patience(&options), || {
         log::set_max_level(log::LevelFilter::Off);
         realtime();
         let outcome = remote_call::borrow_thread(pid, options).and_then(|mut thread| {
@@ -60,6 +60,17 @@ pub fn run<T: Serialize + DeserializeOwned>(
             what: format!("the helper process's answer is unreadable: {e}"),
         }),
     }
+}
+
+/// The most calls a transaction makes on its thread (the injection makes two: mmap and
+/// Py_AddPendingCall).
+const MAX_CALLS: u32 = 8;
+
+/// How long the caller waits for the helper: its own limits (finding a thread, each call) and
+/// 10 s for its waits for a CPU. A helper past this is wedged, not slow: the caller stops
+/// waiting and says what it is doing ([`sys_util::detached`]).
+fn patience(options: &Options) -> Duration {
+    options.find_thread_timeout + options.call_timeout * MAX_CALLS + Duration::from_secs(10)
 }
 
 /// Puts the helper at SCHED_FIFO (priority 1) where the process may: the thread it holds

@@ -14,6 +14,13 @@
 //! makes malloc usable in the child; the work must take no other lock that another thread may
 //! hold (stdout, stderr, a logger).
 //!
+//! # When the caller stops waiting
+//! [`run`] waits at most its `patience` for the result. A child that has not handed it back by
+//! then is left to finish (it may be holding another process's thread, which only it can put
+//! back) and reaped in the background; the caller gets an error that says what the child was
+//! doing (its state, the kernel function it sleeps in, its syscall), so a wedged child shows
+//! in the caller's log instead of hanging the caller with it.
+//!
 //! # What still stops it
 //! SIGKILL of every process of the caller's cgroup (`cgroup.kill`, an OOM kill of the container)
 //! and the death of the caller when it is its pid namespace's init (the kernel then kills the
@@ -22,13 +29,16 @@
 use std::{
     fs::File,
     io::{self, Read, Write},
-    os::fd::{FromRawFd, RawFd},
+    os::fd::{AsRawFd, FromRawFd, RawFd},
     panic::{catch_unwind, AssertUnwindSafe},
+    time::{Duration, Instant},
 };
 
 /// Runs `work` in a child process that outlives this one if it must, and returns what it
-/// returned. Fails if the fork fails or the child died before handing its result back.
-pub fn run(work: impl FnOnce() -> Vec<u8>) -> io::Result<Vec<u8>> {
+/// returned. Fails if the fork fails, the child died before handing its result back, or it has
+/// not handed it back within `patience` (the child then goes on alone; see the module's
+/// docs).
+pub fn run(patience: Duration, work: impl FnOnce() -> Vec<u8>) -> io::Result<Vec<u8>> {
     let mut fds = [0 as RawFd; 2];
     // SAFETY: pipe2 fills the two-element array.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -53,7 +63,24 @@ pub fn run(work: impl FnOnce() -> Vec<u8>) -> io::Result<Vec<u8>> {
     // SAFETY: our own descriptors; the File owns the read end from here.
     unsafe { libc::close(write_end) };
     let mut out = Vec::new();
-    let read = unsafe { File::from_raw_fd(read_end) }.read_to_end(&mut out);
+    // SAFETY: the read end is ours alone.
+    let pipe = unsafe { File::from_raw_fd(read_end) };
+    let read = read_within(pipe, &mut out, Instant::now() + patience);
+    if let Err(e) = &read {
+        if e.kind() == io::ErrorKind::TimedOut {
+            let doing = crate::task_state::doing(&format!("/proc/{pid}"));
+            // The child finishes on its own; only its exit status is left to collect.
+            let _ = std::thread::Builder::new()
+                .name("detached-reap".into())
+                .spawn(move || reap(pid));
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the helper process {pid} has not handed back its result after {patience:?} (left to finish alone; {doing})"
+                ),
+            ));
+        }
+    }
     let status = reap(pid);
     read?;
     // The child writes its result behind its length: fewer bytes mean it died midway.
@@ -103,6 +130,39 @@ fn child(write_end: RawFd, work: impl FnOnce() -> Vec<u8>) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// Reads `pipe` to its end, or fails with `TimedOut` at `deadline`.
+fn read_within(mut pipe: File, out: &mut Vec<u8>, deadline: Instant) -> io::Result<()> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        let mut pfd = libc::pollfd {
+            fd: pipe.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd.
+        match unsafe { libc::poll(&mut pfd, 1, ms) } {
+            0 => continue,
+            n if n < 0 => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            _ => match pipe.read(&mut chunk) {
+                Ok(0) => return Ok(()),
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            },
+        }
+    }
+}
+
 fn reap(pid: libc::pid_t) -> i32 {
     let mut status = 0;
     loop {
@@ -121,22 +181,43 @@ mod tests {
     #[test]
     fn hands_back_what_the_work_returned() {
         let parent = std::process::id();
-        let out = run(|| std::process::id().to_le_bytes().to_vec()).unwrap();
+        let out = run(Duration::from_secs(60), || {
+            std::process::id().to_le_bytes().to_vec()
+        })
+        .unwrap();
         let child = u32::from_le_bytes(out.try_into().unwrap());
         assert_ne!(child, parent, "the work ran in another process");
     }
 
     #[test]
     fn a_child_that_dies_midway_is_an_error() {
-        let err = run(|| panic!("work failed")).unwrap_err();
+        let err = run(Duration::from_secs(60), || panic!("work failed")).unwrap_err();
         assert!(err.to_string().contains("without handing back"), "{err}");
+    }
+
+    #[test]
+    fn a_child_that_does_not_finish_in_time_is_left_to_finish_alone() {
+        let t = Instant::now();
+        let err = run(Duration::from_millis(200), || {
+            std::thread::sleep(Duration::from_secs(5));
+            vec![]
+        })
+        .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert!(t.elapsed() < Duration::from_secs(5), "waited for the child");
+        // It says what the child was doing: asleep.
+        let text = err.to_string();
+        assert!(
+            text.contains("has not handed back") && text.contains("state S"),
+            "{text}"
+        );
     }
 
     #[test]
     fn the_child_holds_none_of_the_callers_files() {
         let kept = File::open("/proc/self/stat").unwrap();
         let fd = std::os::fd::AsRawFd::as_raw_fd(&kept);
-        let out = run(move || {
+        let out = run(Duration::from_secs(60), move || {
             let open = std::path::Path::new(&format!("/proc/self/fd/{fd}")).exists();
             vec![open as u8]
         })
