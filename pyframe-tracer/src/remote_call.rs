@@ -260,13 +260,17 @@ pub(crate) fn borrow_thread(pid: i32, options: Options) -> Result<BorrowedThread
     check_traceable(pid)?;
     let deadline = Instant::now() + options.find_thread_timeout;
     let parked_deadline = Instant::now() + options.find_thread_timeout / 2;
-    // 1. A thread already parked in a safe syscall.
-    loop {
+    // 1. A thread already parked in a safe syscall. Every wait below counts against the one
+    // deadline: an engine has a hundred threads, and a wait per thread adds up.
+    'parked: loop {
         for (tid, nr) in thread_syscalls(pid)? {
+            if Instant::now() >= parked_deadline {
+                break 'parked;
+            }
             let Some(name) = nr.and_then(safe_syscall) else {
                 continue;
             };
-            match try_parked(pid, tid, name)? {
+            match try_parked(pid, tid, name, parked_deadline)? {
                 Some((saved, intercepted)) => {
                     return Ok(lend(
                         pid,
@@ -406,12 +410,14 @@ fn try_parked(
     pid: i32,
     tid: Pid,
     _name: &'static str,
+    deadline: Instant,
 ) -> Result<Option<(user_regs_struct, Vec<Signal>)>> {
     if !seize(pid, tid)? {
         return Ok(None);
     }
     let mut intercepted = Vec::new();
-    let stopped = ptrace::interrupt(tid).is_ok() && first_stop(tid, &mut intercepted);
+    let stopped = ptrace::interrupt(tid).is_ok()
+        && first_stop(tid, &mut intercepted, stop_deadline(deadline));
     if stopped {
         if let Ok(regs) = ptrace::getregs(tid) {
             if safe_syscall(regs.orig_rax as i64).is_some() {
@@ -428,9 +434,18 @@ fn try_parked(
     Ok(None)
 }
 
-/// Waits for the first stop after PTRACE_INTERRUPT, keeping any signal that stopped it instead.
-fn first_stop(tid: Pid, intercepted: &mut Vec<Signal>) -> bool {
-    match wait_stop(tid, Instant::now() + Duration::from_millis(500)) {
+/// The longest wait for one thread's stop after PTRACE_INTERRUPT.
+const STOP_WAIT: Duration = Duration::from_millis(500);
+
+/// When a wait for one stop ends: [`STOP_WAIT`] from now, or `deadline` if sooner.
+fn stop_deadline(deadline: Instant) -> Instant {
+    deadline.min(Instant::now() + STOP_WAIT)
+}
+
+/// Waits until `deadline` for the first stop after PTRACE_INTERRUPT, keeping any signal that
+/// stopped it instead.
+fn first_stop(tid: Pid, intercepted: &mut Vec<Signal>, deadline: Instant) -> bool {
+    match wait_stop(tid, deadline) {
         Ok(Some(WaitStatus::PtraceEvent(..))) => true,
         Ok(Some(WaitStatus::Stopped(_, sig))) => {
             intercepted.push(sig);
@@ -454,9 +469,11 @@ fn catch_syscall_entry(
     }
     let mut pending: Vec<(Pid, Signal)> = Vec::new();
     let mut running = Vec::new();
+    // Interrupted together, so their stops are waited for together: one deadline for all.
+    let stops = stop_deadline(deadline);
     for &tid in &traced {
         let mut sigs = Vec::new();
-        if first_stop(tid, &mut sigs) {
+        if first_stop(tid, &mut sigs, stops) {
             pending.extend(sigs.into_iter().map(|s| (tid, s)));
             if ptrace::syscall(tid, None).is_ok() {
                 running.push(tid);
@@ -495,20 +512,32 @@ fn catch_syscall_entry(
             std::thread::sleep(Duration::from_micros(50));
         }
     }
-    // Let every other thread go (stopped first: detach needs a stopped tracee).
-    for &tid in &traced {
-        if chosen.map(|c| c.0) == Some(tid) {
-            continue;
+    // Let every other thread go (stopped first: detach needs a stopped tracee). All are
+    // interrupted before any stop is waited for, under one deadline. A thread that has not
+    // stopped by then is left traced: the kernel detaches it as it is when this process exits
+    // (`exit_ptrace`, kernel/ptrace.c), which is safe for each of them: only the chosen one's
+    // registers are ever changed.
+    let others: Vec<Pid> = traced
+        .iter()
+        .copied()
+        .filter(|&tid| chosen.map(|c| c.0) != Some(tid))
+        .collect();
+    for tid in &others {
+        if running.contains(tid) {
+            let _ = ptrace::interrupt(*tid);
         }
+    }
+    let stops = Instant::now() + STOP_WAIT;
+    for tid in others {
         let mut sigs: Vec<Signal> = pending
             .iter()
             .filter(|(t, _)| *t == tid)
             .map(|(_, s)| *s)
             .collect();
         if running.contains(&tid) {
-            let _ = ptrace::interrupt(tid);
-            first_stop(tid, &mut sigs);
+            first_stop(tid, &mut sigs, stops);
         }
+        // Fails (ESRCH) for a thread that has not stopped: it is left as said above.
         let _ = ptrace::detach(tid, sigs.first().copied());
     }
     Ok(chosen.map(|(tid, regs, name)| {

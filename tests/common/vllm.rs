@@ -141,7 +141,7 @@ pub fn engine_cpus(engine_pid: u64) -> String {
         .to_string()
 }
 
-fn unix_now() -> u64 {
+pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

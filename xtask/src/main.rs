@@ -271,16 +271,18 @@ fn integration_tests() -> Result<Vec<(String, String)>> {
 
 /// The tests that need a vLLM server, by the pipeline-parallel size of the server each needs,
 /// in the order [`vllm_end_to_end`] runs them.
-const VLLM_TESTS: [(u32, &[&str]); 2] =
-    [(1, &["sentinel_vllm", "fleet"]), (2, &["batch_queue_vllm"])];
+const VLLM_TESTS: [(u32, &[&str]); 2] = [
+    (1, &["sentinel_vllm", "fleet", "attach_cycles_vllm"]),
+    (2, &["batch_queue_vllm"]),
+];
 
 /// Seconds each fuzz target runs in `cargo xtask test`.
 const CI_FUZZ_SECONDS: u64 = 15;
 
 /// The tests that need a real vLLM server: the sentinel's end-to-end test
-/// (tests/sentinel_vllm.rs, about 15 minutes) and the serving group with vLLM as one of its
-/// nodes (tests/fleet.rs) against one bring-up in a pod (`--isolated`, as a DaemonSet finds
-/// engines); then the batch-queue loop (tests/batch_queue_vllm.rs, a few minutes) against a
+/// (tests/sentinel_vllm.rs, about 15 minutes), the serving group with vLLM as one of its
+/// nodes (tests/fleet.rs) and 20 attach/detach cycles under load (tests/attach_cycles_vllm.rs)
+/// against one bring-up in a pod (`--isolated`, as a DaemonSet finds engines); then the batch-queue loop (tests/batch_queue_vllm.rs, a few minutes) against a
 /// second, pipelined one. Runs each test with its server's JSON in STALLSCOPE_VLLM, and stops
 /// each server whatever the outcome. Then SGLang's scheduler (tests/sglang_scheduler.rs),
 /// which runs on the vLLM venv's torch.
