@@ -41,6 +41,10 @@ const ATTACHED: Duration = Duration::from_millis(300);
 /// so a healthy engine logs steps every second.
 const MAX_GAP_S: u64 = 3;
 
+/// How long a probe left by an earlier daemon may outlive it once the engine steps: its
+/// lease (the default, 30 s) and a margin.
+const LEASE_GONE: Duration = Duration::from_secs(45);
+
 /// Attaches that may be refused in a row before the cycle fails.
 const TRIES: usize = 3;
 
@@ -99,11 +103,6 @@ fn attach_detach_cycles_on_vllm_under_load() {
     let log_path = PathBuf::from(server["log"].as_str().unwrap());
     let xtask = PathBuf::from(std::env::var_os("STALLSCOPE_XTASK").expect("STALLSCOPE_XTASK"));
     let cycles = cycles();
-    let before = ours(pid);
-    assert!(
-        before.is_empty(),
-        "the engine holds stallscope's {before:?}"
-    );
     // An idle engine's main thread waits in a futex and cannot run the probe's requests.
     let load = Proc::spawn(
         Command::new(&xtask)
@@ -112,7 +111,22 @@ fn attach_detach_cycles_on_vllm_under_load() {
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     );
-    std::thread::sleep(Duration::from_secs(10));
+    // A daemon of an earlier test that stopped while the engine was idle could not have it run
+    // the detach: that probe removes itself at its first call past its lease (30 s).
+    let t = Instant::now();
+    while !ours(pid).is_empty() {
+        assert!(
+            t.elapsed() < LEASE_GONE,
+            "the engine still holds stallscope's {:?} after {LEASE_GONE:?} of load",
+            ours(pid)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "the engine held nothing of stallscope's after {:.1?} of load",
+        t.elapsed()
+    );
+    std::thread::sleep(Duration::from_secs(5));
 
     let (mut pauses, mut walls) = (Vec::new(), Vec::new());
     let (mut records, mut steps, mut refused) = (Vec::new(), 0usize, Vec::new());
