@@ -128,10 +128,8 @@ fn terminate(mut c: Child, after: Duration) -> String {
 /// `[11]` utime, `[12]` stime (proc(5), numbered from 3).
 fn stat_fields(pid: u32) -> Vec<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    stat.rsplit(')')
-        .next()
-        .unwrap()
-        .split_whitespace()
+    sys_util::task_state::stat_fields(&stat)
+        .into_iter()
         .map(str::to_string)
         .collect()
 }

@@ -83,7 +83,7 @@ fn spawn_daemon(dir: &Path, pid: u32, log: &str) -> (u16, Child) {
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| Some(s.rsplit(')').next()?.split_whitespace().next()? != "Z"))
+        .and_then(|s| Some(*sys_util::task_state::stat_fields(&s).first()? != "Z"))
         .unwrap_or(false)
 }
 

@@ -227,12 +227,8 @@ fn parents() -> Vec<(u32, u32)> {
         .filter_map(|p| {
             let pid: u32 = p.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(p.path().join("stat")).ok()?;
-            // The command name in parentheses may hold spaces: the fields after it.
-            let ppid = stat
-                .rsplit(')')
-                .next()?
-                .split_whitespace()
-                .nth(1)?
+            let ppid = sys_util::task_state::stat_fields(&stat)
+                .get(1)?
                 .parse()
                 .ok()?;
             Some((pid, ppid))

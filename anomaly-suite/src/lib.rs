@@ -305,10 +305,8 @@ pub fn parse_cpu_list(s: &str) -> Result<Vec<usize>> {
 pub fn process_tree(pid: u32) -> Vec<u32> {
     let parent = |p: u32| -> Option<u32> {
         let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
-        stat.rsplit(')')
-            .next()?
-            .split_whitespace()
-            .nth(1)?
+        sys_util::task_state::stat_fields(&stat)
+            .get(1)?
             .parse()
             .ok()
     };

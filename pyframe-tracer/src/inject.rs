@@ -216,13 +216,7 @@ const PF_EXITING: u64 = 0x4;
 fn check_running(pid: i32) -> Result<()> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map_err(|_| Error::NoSuchProcess(pid))?;
-    // After the command name: state, ppid, pgrp, session, tty_nr, tpgid, flags, ...
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
+    let fields = sys_util::task_state::stat_fields(&stat);
     let exiting = fields
         .get(6)
         .and_then(|f| f.parse::<u64>().ok())

@@ -1,5 +1,16 @@
-//! What a process or thread is doing, read from /proc: for the messages about work that takes
-//! too long.
+//! What a process or thread is doing, read from /proc: its `stat` fields, and the messages
+//! about work that takes too long.
+
+/// The fields of a `/proc/PID/stat` text after the command name, which may itself hold spaces
+/// and parentheses: `[0]` is the state, `[1]` the parent's pid, `[6]` the task flags (proc(5),
+/// numbered there from 3).
+pub fn stat_fields(stat: &str) -> Vec<&str> {
+    stat.rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect()
+}
 
 /// The state, the kernel function it sleeps in and the syscall line of the process or thread
 /// whose /proc directory is `dir` (`/proc/PID` or `/proc/PID/task/TID`).
@@ -10,13 +21,7 @@ pub fn doing(dir: &str) -> String {
             .unwrap_or_else(|e| format!("unreadable: {e}"))
     };
     let stat = read("stat");
-    // After the command name (which may hold spaces and parentheses): the state.
-    let state = stat
-        .rsplit(')')
-        .next()
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or("?")
-        .to_string();
+    let state = stat_fields(&stat).first().copied().unwrap_or("?");
     format!(
         "state {state}, sleeping in {:?}, syscall {:?}",
         read("wchan"),
@@ -27,6 +32,13 @@ pub fn doing(dir: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stat_fields_start_after_the_command_name() {
+        let stat = "42 (a (b) c) S 1 42 42 0 -1 4194560";
+        assert_eq!(stat_fields(stat)[..3], ["S", "1", "42"]);
+        assert!(stat_fields("").is_empty());
+    }
 
     #[test]
     fn a_sleeping_thread_is_seen_asleep() {
