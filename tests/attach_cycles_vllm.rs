@@ -81,13 +81,14 @@ fn ours(pid: u32) -> Vec<String> {
     found
 }
 
-/// Files named after `pid` in `dir` whose names start with `prefix`.
-fn files_of(dir: &str, prefix: &str, pid: u32) -> Vec<String> {
+/// The probe's ring files and library copies for `pid` in `dir` (named as
+/// [`pyframe_tracer::reap::ring_pid`] reads them).
+fn files_of(dir: &str, pid: u32) -> Vec<String> {
     std::fs::read_dir(dir)
         .map(|d| {
             d.flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(&format!("{prefix}{pid}-")))
+                .filter(|n| pyframe_tracer::reap::ring_pid(n) == Some(pid as i32))
                 .collect()
         })
         .unwrap_or_default()
@@ -223,15 +224,13 @@ fn attach_detach_cycles_on_vllm_under_load() {
     );
     let left = ours(pid);
     assert!(left.is_empty(), "left in the engine: {left:?}");
+    // Rings go in its /dev/shm or /tmp, library copies in its /tmp.
     for dir in pyframe_tracer::reap::RING_DIRS {
         let dir = format!("/proc/{pid}/root{dir}");
-        let rings = files_of(&dir, "stallscope-ring-", pid);
-        assert!(rings.is_empty(), "rings left in {dir}: {rings:?}");
+        let left = files_of(&dir, pid);
+        assert!(
+            left.is_empty(),
+            "rings or library copies left in {dir}: {left:?}"
+        );
     }
-    let copies = files_of(
-        &format!("/proc/{pid}/root/tmp"),
-        pyframe_tracer::native::COPY_PREFIX,
-        pid,
-    );
-    assert!(copies.is_empty(), "library copies left: {copies:?}");
 }
