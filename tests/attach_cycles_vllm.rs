@@ -81,6 +81,31 @@ fn ours(pid: u32) -> Vec<String> {
     found
 }
 
+/// What each thread of `pid` is doing and who traces it, a line each: what a failed attach
+/// leaves to read.
+fn threads_doing(pid: u32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return " gone".into();
+    };
+    tasks
+        .flatten()
+        .map(|t| {
+            let dir = t.path().to_string_lossy().into_owned();
+            let status = std::fs::read_to_string(format!("{dir}/status")).unwrap_or_default();
+            let tracer = status
+                .lines()
+                .find_map(|l| l.strip_prefix("TracerPid:"))
+                .map_or("?", str::trim)
+                .to_string();
+            format!(
+                "\n  {} (traced by {tracer}): {}",
+                t.file_name().to_string_lossy(),
+                sys_util::task_state::doing(&dir)
+            )
+        })
+        .collect()
+}
+
 /// The probe's ring files and library copies for `pid` in `dir` (named as
 /// [`pyframe_tracer::reap::ring_pid`] reads them).
 fn files_of(dir: &str, pid: u32) -> Vec<String> {
@@ -141,6 +166,7 @@ fn attach_detach_cycles_on_vllm_under_load() {
                     framework: Framework::Auto,
                     ..AttachOptions::default()
                 };
+                let t = Instant::now();
                 match Session::attach(pid as i32, options) {
                     Ok(s) => Some(s),
                     Err(e @ (Error::NoSafeThread { .. } | Error::NotAtSafePoint { .. }))
@@ -149,7 +175,12 @@ fn attach_detach_cycles_on_vllm_under_load() {
                         refused.push(format!("cycle {cycle}: {e}"));
                         None
                     }
-                    Err(e) => panic!("cycle {cycle}, attempt {attempt}: {e}"),
+                    Err(e) => panic!(
+                        "cycle {cycle}, attempt {attempt}, after {:.1?}: {:#}\nthe engine's threads:{}",
+                        t.elapsed(),
+                        anyhow::Error::from(e),
+                        threads_doing(pid)
+                    ),
                 }
             })
             .expect("the last attempt panics on failure");
@@ -165,7 +196,7 @@ fn attach_detach_cycles_on_vllm_under_load() {
         // The longest stop of an engine thread over the cycle, attach and detach.
         let pause = session
             .detach()
-            .unwrap_or_else(|e| panic!("cycle {cycle} detach: {e}"));
+            .unwrap_or_else(|e| panic!("cycle {cycle} detach: {:#}", anyhow::Error::from(e)));
         pauses.push(pause);
     }
     let took = started.elapsed();

@@ -12,8 +12,10 @@ pub fn stat_fields(stat: &str) -> Vec<&str> {
         .collect()
 }
 
-/// The state, the kernel function it sleeps in and the syscall line of the process or thread
-/// whose /proc directory is `dir` (`/proc/PID` or `/proc/PID/task/TID`).
+/// The state, the kernel function it sleeps in, the syscall line and the innermost frames of
+/// the kernel stack (`stack` needs CAP_SYS_ADMIN; without it that part says it is unreadable)
+/// of the process or thread whose /proc directory is `dir` (`/proc/PID` or
+/// `/proc/PID/task/TID`).
 pub fn doing(dir: &str) -> String {
     let read = |f: &str| {
         std::fs::read_to_string(format!("{dir}/{f}"))
@@ -23,11 +25,29 @@ pub fn doing(dir: &str) -> String {
     let stat = read("stat");
     let state = stat_fields(&stat).first().copied().unwrap_or("?");
     format!(
-        "state {state}, sleeping in {:?}, syscall {:?}",
+        "state {state}, sleeping in {:?}, syscall {:?}, kernel stack {:?}",
         read("wchan"),
-        read("syscall")
+        read("syscall"),
+        kernel_frames(&read("stack"))
     )
 }
+
+/// The innermost [`STACK_FRAMES`] function names of a `/proc/PID/stack` text
+/// (`[<0>] name+0x1/0x2` lines), innermost first, joined by ` < `.
+fn kernel_frames(stack: &str) -> String {
+    stack
+        .lines()
+        .map(|l| {
+            let frame = l.rsplit("] ").next().unwrap_or(l);
+            frame.split('+').next().unwrap_or(frame)
+        })
+        .take(STACK_FRAMES)
+        .collect::<Vec<_>>()
+        .join(" < ")
+}
+
+/// How many kernel frames [`doing`] reports: enough to show the wait and what it serves.
+const STACK_FRAMES: usize = 6;
 
 #[cfg(test)]
 mod tests {
@@ -58,5 +78,12 @@ mod tests {
         );
         sleeper.join().unwrap();
         assert!(doing("/proc/self/task/0").contains("unreadable"));
+    }
+
+    #[test]
+    fn kernel_frames_are_the_innermost_function_names() {
+        let stack = "[<0>] hrtimer_nanosleep+0x74/0xf0\n[<0>] common_nsleep+0x30/0x60\n";
+        assert_eq!(kernel_frames(stack), "hrtimer_nanosleep < common_nsleep");
+        assert_eq!(kernel_frames("unreadable: denied"), "unreadable: denied");
     }
 }
