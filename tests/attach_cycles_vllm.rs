@@ -9,7 +9,8 @@
 //! gap over [`MAX_GAP_S`]) and serves requests afterwards; the probe's records are the
 //! engine's steps; and nothing of stallscope is left in the engine (no mapping but the
 //! compiled writer, which CPython cannot unload, no file descriptor or thread of ours, no ring
-//! in its /dev/shm or /tmp, no library copy in its /tmp). It prints each attach's wall time
+//! in its /dev/shm or /tmp, no library copy in its /tmp, each thread at the scheduling policy
+//! and nice value it had). It prints each attach's wall time
 //! and each cycle's longest stop of an engine thread (the 1 ms goal is checked in
 //! BENCHMARKS.md; on a host the engine saturates it is missed).
 
@@ -154,6 +155,7 @@ fn attach_detach_cycles_on_vllm_under_load() {
     );
     std::thread::sleep(Duration::from_secs(5));
 
+    let scheduling = common::thread_scheduling(pid);
     let (mut pauses, mut walls) = (Vec::new(), Vec::new());
     let (mut records, mut steps, mut refused) = (Vec::new(), 0usize, Vec::new());
     let started = Instant::now();
@@ -255,6 +257,8 @@ fn attach_detach_cycles_on_vllm_under_load() {
     );
     let left = ours(pid);
     assert!(left.is_empty(), "left in the engine: {left:?}");
+    let changed = common::scheduling_changed(pid, &scheduling);
+    assert!(changed.is_empty(), "scheduling changed: {changed:?}");
     // Rings go in its /dev/shm or /tmp, library copies in its /tmp.
     for dir in pyframe_tracer::reap::RING_DIRS {
         let dir = format!("/proc/{pid}/root{dir}");

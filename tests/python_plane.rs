@@ -512,6 +512,22 @@ fn attach_detach_cycles_leave_no_trace() {
             std::thread::sleep(Duration::from_millis(10));
         }
         let (fds, threads) = (count(target.pid, "fd"), count(target.pid, "task"));
+        // The main thread polls at nice 3 once its workers run, they at 0: each is left as it
+        // was.
+        let scheduling = loop {
+            let now = common::thread_scheduling(target.pid as u32);
+            if now
+                .get(&target.pid.to_string())
+                .is_some_and(|(_, nice)| nice == "3")
+            {
+                break now;
+            }
+            assert!(
+                Instant::now() < limit,
+                "{version}: the main thread's nice stayed {now:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
         let mut records = Vec::new();
         let mut pauses = Vec::with_capacity(cycles);
         for cycle in 0..cycles {
@@ -582,6 +598,8 @@ fn attach_detach_cycles_leave_no_trace() {
             threads,
             "{version}: threads left"
         );
+        let changed = common::scheduling_changed(target.pid as u32, &scheduling);
+        assert!(changed.is_empty(), "{version}: {changed:?}");
         let leftovers: Vec<_> = std::fs::read_dir("/dev/shm")
             .unwrap()
             .flatten()

@@ -47,15 +47,16 @@ pub struct QueueCost {
     pub pause: Duration,
 }
 
-/// Queues Python source for the target's main thread. `build(region, region_size)` returns the single-line source
-/// given where it will live, so the source can tell the probe which region to unmap; `script` is the path, as the
-/// target sees it, where 3.14+ reads the source from.
+/// Queues Python source for the target's main thread. `build(page)` returns the single-line
+/// source given `page`, a Python expression for the `(address, size)` of the memory it will
+/// live in, which the source unmaps once it has run (`(0, 0)` where there is none, on 3.14+);
+/// `script` is the path, as the target sees it, where 3.14+ reads the source from.
 pub fn queue(
     pid: i32,
     rt: &PythonRuntime,
     options: Options,
     script: &str,
-    build: impl Fn(u64, u64) -> String,
+    build: impl Fn(&str) -> String,
 ) -> Result<(Queued, QueueCost)> {
     check_running(pid)?;
     let queued = match rt.delivery() {
@@ -84,9 +85,9 @@ fn queue_script(
     pid: i32,
     rt: &PythonRuntime,
     script: &str,
-    build: impl Fn(u64, u64) -> String,
+    build: impl Fn(&str) -> String,
 ) -> Result<(Queued, QueueCost)> {
-    let line = build(0, 0);
+    let line = build(&page_expr(0, 0));
     let host = std::path::PathBuf::from(format!("/proc/{pid}/root{script}"));
     std::fs::write(&host, line.as_bytes())
         .map_err(|e| Error::io(format!("writing {}", host.display()), e))?;
@@ -109,16 +110,18 @@ fn queue_script(
 
 /// Before 3.14: maps a region in the target for the source and queues
 /// `PyRun_SimpleString(region)` with `Py_AddPendingCall`, from a borrowed thread, in one
-/// [`transaction`].
+/// [`transaction`]. The source is built before the thread is borrowed, with a placeholder of
+/// the region's expression's length; the hold only writes the region's address into it.
 fn queue_pending_call(
     pid: i32,
     rt: &PythonRuntime,
     options: Options,
-    build: impl Fn(u64, u64) -> String,
+    build: impl Fn(&str) -> String,
 ) -> Result<(Queued, QueueCost)> {
     let libc = libc_symbol(pid, "mmap")?;
-    let size = (guarded(&build, u64::MAX, u64::MAX).len() as u64 + 1).div_ceil(PAGE) * PAGE;
-    let done = transaction::run(pid, options, |thread| {
+    let mut source = Source::new(&build);
+    let size = source.size();
+    let done = transaction::run(pid, options, move |thread| {
         let prot = (libc::PROT_READ | libc::PROT_WRITE) as u64;
         let flags = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
         let region = thread.call(libc, &[0, size, prot, flags, u64::MAX, 0])?;
@@ -128,10 +131,8 @@ fn queue_pending_call(
                 what: format!("mmap in the target failed ({})", -(region as i64)),
             });
         }
-        let mut text = guarded(&build, region, size).into_bytes();
-        text.push(0);
         ProcessMemory::new(pid)
-            .write(region, &text)
+            .write(region, source.at(region))
             .map_err(|e| Error::io("writing the request into the target", e))?;
         let queued = thread.call(
             rt.add_pending_call,
@@ -154,12 +155,51 @@ fn queue_pending_call(
 /// Where [`guarded`] puts the byte a cancel turns from `1` to `0`.
 const CANCEL_AT: u64 = 3;
 
-/// The source a pending call runs from `region` (`size` bytes): the request while it stands,
+/// A pending call's source, NUL-terminated, built before the region it will live in exists.
+struct Source {
+    text: Vec<u8>,
+    /// Where the placeholder for the region's expression stands.
+    spots: Vec<usize>,
+}
+
+impl Source {
+    fn new(build: &impl Fn(&str) -> String) -> Source {
+        let placeholder = page_expr(u64::MAX, u64::MAX);
+        let text = guarded(build, &placeholder);
+        // The placeholder occurs nowhere else: base64 and the wrappers' fixed text hold no `(0x`.
+        let spots = text.match_indices(&placeholder).map(|(at, _)| at).collect();
+        let mut text = text.into_bytes();
+        text.push(0);
+        Source { text, spots }
+    }
+
+    /// The size of the region it needs: whole pages.
+    fn size(&self) -> u64 {
+        (self.text.len() as u64).div_ceil(PAGE) * PAGE
+    }
+
+    /// The source that lives at `region`.
+    fn at(&mut self, region: u64) -> &[u8] {
+        let page = page_expr(region, self.size());
+        for &at in &self.spots {
+            self.text[at..at + page.len()].copy_from_slice(page.as_bytes());
+        }
+        &self.text
+    }
+}
+
+/// The Python expression for a region's `(address, size)`: the same length for every value,
+/// so a source built around a placeholder takes the real one in place.
+fn page_expr(address: u64, size: u64) -> String {
+    format!("(0x{address:016x},0x{size:016x})")
+}
+
+/// The source a pending call runs from the region `page` names: the request while it stands,
 /// else only the region's unmapping (the request unmaps the region itself when it runs).
-fn guarded(build: &impl Fn(u64, u64) -> String, region: u64, size: u64) -> String {
+fn guarded(build: &impl Fn(&str) -> String, page: &str) -> String {
     let text = format!(
-        "if 1: {}\nelse: import ctypes as _c;_l=_c.CDLL(None);_l.munmap.argtypes=[_c.c_void_p,_c.c_size_t];_l.munmap(_c.c_void_p({region}),_c.c_size_t({size}))",
-        build(region, size)
+        "if 1: {}\nelse: import ctypes as _c;_l=_c.CDLL(None);_l.munmap.argtypes=[_c.c_void_p,_c.c_size_t];_p={page};_l.munmap(_c.c_void_p(_p[0]),_c.c_size_t(_p[1]))",
+        build(page)
     );
     debug_assert_eq!(&text.as_bytes()[CANCEL_AT as usize..][..1], b"1");
     text
@@ -255,7 +295,8 @@ fn libc_symbol(pid: i32, name: &str) -> Result<u64> {
 
 /// Wrapper the target runs around [`run_source`]'s code: runs it in a fresh namespace, writes
 /// the outcome to a marker file (renamed into place, so it is never read half-written), and
-/// unmaps the request's region (0 on 3.14+, where there is none).
+/// unmaps the request's region (`_PAGE`, its `(address, size)`; address 0 on 3.14+, where
+/// there is none).
 const RUN_WRAPPER: &str = r#"import os as _os
 try:
     exec(compile(_SOURCE, '<stallscope>', 'exec'), {'__name__': '_stallscope_run'})
@@ -265,11 +306,11 @@ except BaseException as _e:
 with open(_MARK + '.partial', 'w') as _f:
     _f.write(_outcome)
 _os.rename(_MARK + '.partial', _MARK)
-if _PAGE:
+if _PAGE[0]:
     import ctypes as _c
     _libc = _c.CDLL(None)
     _libc.munmap.argtypes = [_c.c_void_p, _c.c_size_t]
-    _libc.munmap(_c.c_void_p(_PAGE), _c.c_size_t(_SIZE))
+    _libc.munmap(_c.c_void_p(_PAGE[0]), _c.c_size_t(_PAGE[1]))
 "#;
 
 /// Runs Python `source` (any number of lines) in the target's main thread at its next safe
@@ -282,16 +323,13 @@ pub fn run_source(pid: i32, source: &str, timeout: Duration) -> Result<()> {
     let mark = format!("/tmp/stallscope-run-{pid}-{stamp}.done");
     let host_mark = std::path::PathBuf::from(format!("/proc/{pid}/root{mark}"));
     let script = format!("/tmp/stallscope-run-{pid}-{stamp}.py");
-    let build = |region: u64, size: u64| {
-        let page = if region == u64::MAX { u64::MAX } else { region };
-        let prelude = format!(
-            "_SOURCE = __import__('binascii').a2b_base64('{}').decode()\n_MARK = '{mark}'\n_PAGE = {page}\n_SIZE = {size}\n",
-            crate::session::base64(source.as_bytes())
-        );
-        format!(
-            "exec(__import__('binascii').a2b_base64('{}'),{{}})",
-            crate::session::base64(format!("{prelude}{RUN_WRAPPER}").as_bytes())
-        )
+    let prelude = format!(
+        "_SOURCE = __import__('binascii').a2b_base64('{}').decode()\n_MARK = '{mark}'\n",
+        crate::session::base64(source.as_bytes())
+    );
+    let wrapped = crate::session::base64(format!("{prelude}{RUN_WRAPPER}").as_bytes());
+    let build = |page: &str| {
+        format!("exec(__import__('binascii').a2b_base64('{wrapped}'),{{'_PAGE':{page}}})")
     };
     let (queued, _) = queue(pid, &rt, Options::default(), &script, build)?;
     let outcome = wait(pid, &queued, timeout, || {
@@ -305,5 +343,26 @@ pub fn run_source(pid: i32, source: &str, timeout: Duration) -> Result<()> {
             "the code run in process {pid} failed: {}",
             other.trim_start_matches("error: ")
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_built_ahead_names_its_region_as_one_built_for_it() {
+        let build = |page: &str| format!("run({page}, '{}')", "x".repeat(5000));
+        let mut source = Source::new(&build);
+        assert_eq!(source.size(), 2 * PAGE);
+        assert_eq!(
+            source.spots.len(),
+            2,
+            "the request's and the cancel branch's"
+        );
+        let region = 0x7f12_3456_7000;
+        let mut direct = guarded(&build, &page_expr(region, 2 * PAGE)).into_bytes();
+        direct.push(0);
+        assert_eq!(source.at(region), &direct[..]);
     }
 }

@@ -12,6 +12,7 @@
 //! - [`session`]: one attachment, end to end.
 //! - [`sampling`]: py-spy stack samples (non-blocking) for deep dives and hang dumps.
 
+mod boost;
 pub mod error;
 pub mod inject;
 pub mod lease;

@@ -2,7 +2,8 @@
 # main thread, holding the GIL. It times watched functions and writes fixed-size records into a shared-memory
 # ring that stallscope reads. It must never raise into the target: every entry point catches everything.
 #
-# Executed with globals {"__name__": "_stallscope_probe", "_REQUEST": <JSON text>}. The installed state lives
+# Executed with globals {"__name__": "_stallscope_probe", "_REQUEST": <JSON text>, "_PAGE": (address, size) of
+# the memory the request was written into, unmapped once it runs (address 0: none)}. The installed state lives
 # in sys.modules["_stallscope_probe"], so a second injection finds and reuses it (idempotent attach).
 #
 # Layout of the ring file (must match pyframe-tracer/src/ring.rs):
@@ -699,7 +700,7 @@ def _free_page(addr, size):
 
 def _main(text):
     req = json.loads(text)
-    _free_page(req.get("page", 0), req.get("page_size", 0))
+    _free_page(*_PAGE)
     if req.get("script"):
         try:
             os.unlink(req["script"])

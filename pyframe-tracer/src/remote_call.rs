@@ -12,7 +12,8 @@
 //! A call: rsp moves below the red zone and 16-byte aligned, return address 0, args in rdi…r9, orig_rax = −1
 //! (so the interrupted syscall is not restarted over the call), continue, and catch the SIGSEGV at address 0.
 //! Signals that arrive for the thread meanwhile are held and re-delivered after detaching. Detaching leaves the
-//! target running, or stopped if it was stopped. A borrow happens only inside a [`crate::transaction`], in a
+//! target running, or stopped if it was stopped. While held, the thread runs its calls at SCHED_FIFO
+//! ([`crate::boost`]) so that no wait for a CPU lengthens the hold. A borrow happens only inside a [`crate::transaction`], in a
 //! helper process that finishes it even if stallscope is killed (if the tracer died mid-call, the target would
 //! crash when the call returned to address 0).
 
@@ -28,6 +29,7 @@ use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
+use crate::boost::Boost;
 use crate::error::{Error, Result};
 use crate::memory::{ProcessMemory, RemoteMemory};
 use crate::procfs;
@@ -107,6 +109,8 @@ pub struct BorrowedThread {
     released: bool,
     stopped_at: Instant,
     options: Options,
+    /// Its raise to SCHED_FIFO for the hold, put back before it is let go.
+    boost: Option<Boost>,
 }
 
 impl std::fmt::Debug for BorrowedThread {
@@ -203,6 +207,8 @@ impl BorrowedThread {
             return Ok(Duration::ZERO);
         }
         self.released = true;
+        // Its own scheduling back first, while it is still stopped.
+        let unboosted = self.boost.take().map_or(Ok(()), Boost::restore);
         let mut regs = self.saved;
         if let Borrow::SyscallEntry(_) = self.how {
             // Re-issue the syscall we skipped: back over the 2-byte `syscall` instruction, nr in rax.
@@ -223,7 +229,12 @@ impl BorrowedThread {
             unsafe { libc::syscall(libc::SYS_tgkill, self.pid, self.tid.as_raw(), sig as i32) };
         }
         match (set, detached) {
-            (Ok(()), Ok(())) => Ok(held),
+            (Ok(()), Ok(())) => unboosted.map(|()| held).map_err(|e| {
+                self.failed(format!(
+                    "putting back the scheduling policy of thread {}: {e}",
+                    self.tid
+                ))
+            }),
             (Err(Errno::ESRCH), _) | (_, Err(Errno::ESRCH)) => Err(Error::TargetExited(self.pid)),
             (Err(e), _) | (_, Err(e)) => Err(self.failed(format!("restoring the thread: {e}"))),
         }
@@ -329,6 +340,7 @@ fn lend(
         released: false,
         stopped_at: Instant::now(),
         options,
+        boost: Boost::raise(tid.as_raw()),
     }
 }
 

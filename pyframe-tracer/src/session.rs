@@ -300,12 +300,8 @@ impl Session {
         if self.runtime.delivery() == crate::python::Delivery::Pep768 {
             req["script"] = json!(script);
         }
-        let build = |region: u64, size: u64| {
-            let mut r = req.clone();
-            r["page"] = json!(region);
-            r["page_size"] = json!(size);
-            bootstrap_line(&r.to_string())
-        };
+        let request = req.to_string();
+        let build = |page: &str| bootstrap_line(&request, page);
         let (queued, QueueCost { pause }) =
             inject::queue(self.pid, &self.runtime, self.options.remote, &script, build)?;
         self.pause = self.pause.max(pause);
@@ -421,10 +417,11 @@ impl Session {
     }
 }
 
-/// The single line the interpreter runs: decode the probe source and run it with the request.
-fn bootstrap_line(request: &str) -> String {
+/// The single line the interpreter runs: decode the probe source and run it with the request
+/// and `page`, the `(address, size)` expression of the memory the line lives in.
+fn bootstrap_line(request: &str, page: &str) -> String {
     format!(
-        "exec(__import__('binascii').a2b_base64('{}'),{{'__name__':'_stallscope_probe','_REQUEST':__import__('binascii').a2b_base64('{}').decode()}})",
+        "exec(__import__('binascii').a2b_base64('{}'),{{'__name__':'_stallscope_probe','_REQUEST':__import__('binascii').a2b_base64('{}').decode(),'_PAGE':{page}}})",
         base64(PROBE_SOURCE.as_bytes()),
         base64(request.as_bytes())
     )
@@ -537,7 +534,7 @@ mod tests {
 
     #[test]
     fn the_bootstrap_is_one_line() {
-        let line = bootstrap_line("{\"op\":\"detach\"}");
+        let line = bootstrap_line("{\"op\":\"detach\"}", "(0x0,0x0)");
         assert!(!line.contains('\n') && line.starts_with("exec("));
     }
 }

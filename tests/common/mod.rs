@@ -160,6 +160,39 @@ pub fn stallscope_mappings(pid: u32) -> Vec<String> {
         .collect()
 }
 
+/// Each thread of `pid` by id, with its scheduling policy and nice value (`/proc/PID/task/TID/stat`
+/// fields 41 and 19): what a remote call raises for its hold and must put back.
+pub fn thread_scheduling(pid: u32) -> std::collections::BTreeMap<String, (String, String)> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|t| {
+                    let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+                    let fields = sys_util::task_state::stat_fields(&stat);
+                    let (nice, policy) = (fields.get(16)?, fields.get(38)?);
+                    let tid = t.file_name().to_string_lossy().into_owned();
+                    Some((tid, (policy.to_string(), nice.to_string())))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The threads of `before` (a [`thread_scheduling`]) still in `pid` whose policy or nice value
+/// changed since.
+pub fn scheduling_changed(
+    pid: u32,
+    before: &std::collections::BTreeMap<String, (String, String)>,
+) -> Vec<String> {
+    thread_scheduling(pid)
+        .into_iter()
+        .filter_map(|(tid, now)| {
+            let was = before.get(&tid)?;
+            (*was != now).then(|| format!("thread {tid}: (policy, nice) {was:?} -> {now:?}"))
+        })
+        .collect()
+}
+
 /// The stand-in libcupti `cargo xtask setup` builds (STALLSCOPE_CUPTI_STANDIN overrides).
 pub fn standin_library() -> PathBuf {
     let built = std::env::var_os("STALLSCOPE_CUPTI_STANDIN")

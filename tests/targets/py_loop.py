@@ -3,8 +3,9 @@
 Usage: python py_loop.py MODE [THREADS]
   MODE sleep   — each call sleeps 1 ms (the thread is parked in clock_nanosleep most of the time)
   MODE busy    — each call spins ~1 ms in pure Python (no syscalls except the stamp line)
-  MODE threads — THREADS worker threads run the sleep loop; the main thread polls them
+  MODE threads — THREADS worker threads run the sleep loop; the main thread polls them at nice 3
   MODE busy-threads — THREADS worker threads run the busy loop (contending for the GIL); the main thread polls
+                    at nice 3
   MODE blocked — the main thread blocks in read() on a pipe until a line arrives on stdin, then runs the sleep loop
   MODE exit-soon — like blocked, but the process exits (status 3) as soon as stallscope's ring for it appears in
                    /dev/shm (an attach is under way, however long stallscope took to start), without ever running
@@ -86,6 +87,9 @@ def main():
                    for i in range(int(sys.argv[2]))]
         for w in workers:
             w.start()
+        # The polling thread, the one a remote call borrows, at its own nice value: an attach
+        # must leave each thread's scheduling as it found it.
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 3)
         while True:
             time.sleep(0.01)
     elif mode in ("blocked", "exit-soon"):
