@@ -82,6 +82,60 @@ fn ours(pid: u32) -> Vec<String> {
     found
 }
 
+/// An attach still running after [`SLOW_ATTACH`] prints what the attaching thread and its
+/// children (the remote-call helper, the load) are doing in the kernel, once: where a slow
+/// attach waits.
+struct SlowAttachWatch {
+    /// The cycle being attached and when its attach began; None between attaches.
+    current: std::sync::Arc<std::sync::Mutex<Option<(usize, Instant)>>>,
+}
+
+const SLOW_ATTACH: Duration = Duration::from_secs(10);
+
+impl SlowAttachWatch {
+    fn start() -> SlowAttachWatch {
+        let current = std::sync::Arc::new(std::sync::Mutex::new(None::<(usize, Instant)>));
+        // SAFETY: gettid has no preconditions.
+        let task = format!("/proc/self/task/{}", unsafe { libc::gettid() });
+        let shared = current.clone();
+        std::thread::spawn(move || {
+            let mut reported = None;
+            while std::sync::Arc::strong_count(&shared) > 1 {
+                std::thread::sleep(Duration::from_secs(1));
+                let Some((cycle, since)) = *shared.lock().unwrap() else {
+                    continue;
+                };
+                if since.elapsed() < SLOW_ATTACH || reported == Some(cycle) {
+                    continue;
+                }
+                reported = Some(cycle);
+                let helpers: String = std::fs::read_to_string(format!("{task}/children"))
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .map(|c| {
+                        let doing = sys_util::task_state::doing(&format!("/proc/{c}"));
+                        format!("\n  its child {c}: {doing}")
+                    })
+                    .collect();
+                eprintln!(
+                    "cycle {cycle}: the attach has run {:.1?}; the attaching thread: {}{helpers}",
+                    since.elapsed(),
+                    sys_util::task_state::doing(&task)
+                );
+            }
+        });
+        SlowAttachWatch { current }
+    }
+
+    fn attaching(&self, cycle: usize) {
+        *self.current.lock().unwrap() = Some((cycle, Instant::now()));
+    }
+
+    fn attached(&self) {
+        *self.current.lock().unwrap() = None;
+    }
+}
+
 /// What each thread of `pid` is doing and who traces it, a line each: what a failed attach
 /// leaves to read.
 fn threads_doing(pid: u32) -> String {
@@ -160,8 +214,10 @@ fn attach_detach_cycles_on_vllm_under_load() {
     let (mut records, mut steps, mut refused) = (Vec::new(), 0usize, Vec::new());
     let started = Instant::now();
     let from_unix = unix_now();
+    let watch = SlowAttachWatch::start();
     for cycle in 0..cycles {
         let t = Instant::now();
+        watch.attaching(cycle);
         let session = (1..=TRIES)
             .find_map(|attempt| {
                 let options = AttachOptions {
@@ -186,6 +242,7 @@ fn attach_detach_cycles_on_vllm_under_load() {
                 }
             })
             .expect("the last attempt panics on failure");
+        watch.attached();
         walls.push(t.elapsed());
         assert_eq!(session.framework.as_deref(), Some("vllm"), "cycle {cycle}");
         std::thread::sleep(ATTACHED);
