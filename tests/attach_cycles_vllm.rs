@@ -109,18 +109,11 @@ impl SlowAttachWatch {
                     continue;
                 }
                 reported = Some(cycle);
-                let helpers: String = std::fs::read_to_string(format!("{task}/children"))
-                    .unwrap_or_default()
-                    .split_whitespace()
-                    .map(|c| {
-                        let doing = sys_util::task_state::doing(&format!("/proc/{c}"));
-                        format!("\n  its child {c}: {doing}")
-                    })
-                    .collect();
                 eprintln!(
-                    "cycle {cycle}: the attach has run {:.1?}; the attaching thread: {}{helpers}",
+                    "cycle {cycle}: the attach has run {:.1?}; the attaching thread: {}{}",
                     since.elapsed(),
-                    sys_util::task_state::doing(&task)
+                    sys_util::task_state::doing(&task),
+                    sys_util::task_state::children_doing(&task)
                 );
             }
         });
@@ -147,11 +140,7 @@ fn threads_doing(pid: u32) -> String {
         .map(|t| {
             let dir = t.path().to_string_lossy().into_owned();
             let status = std::fs::read_to_string(format!("{dir}/status")).unwrap_or_default();
-            let tracer = status
-                .lines()
-                .find_map(|l| l.strip_prefix("TracerPid:"))
-                .map_or("?", str::trim)
-                .to_string();
+            let tracer = pyframe_tracer::procfs::status_field(&status, "TracerPid").unwrap_or("?");
             format!(
                 "\n  {} (traced by {tracer}): {}",
                 t.file_name().to_string_lossy(),

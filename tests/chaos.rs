@@ -238,9 +238,7 @@ fn tracers(pid: u32) -> Vec<u32> {
         .flatten()
         .filter_map(|t| {
             let status = std::fs::read_to_string(t.path().join("status")).ok()?;
-            let line = status.lines().find(|l| l.starts_with("TracerPid:"))?;
-            line["TracerPid:".len()..]
-                .trim()
+            pyframe_tracer::procfs::status_field(&status, "TracerPid")?
                 .parse()
                 .ok()
                 .filter(|t| *t != 0)

@@ -45,20 +45,14 @@ impl Boost {
     /// Raises `tid` (stopped) to SCHED_FIFO priority 1; None where it is real-time already or
     /// the kernel refuses.
     pub(crate) fn raise(tid: i32) -> Option<Boost> {
-        let mut own = SchedAttr::default();
-        let size = std::mem::size_of::<SchedAttr>() as u32;
-        // SAFETY: sched_getattr writes at most `size` bytes into `own`.
-        let got = unsafe { libc::syscall(libc::SYS_sched_getattr, tid, &mut own, size, 0u32) };
-        if got != 0
-            || ![libc::SCHED_OTHER, libc::SCHED_BATCH, libc::SCHED_IDLE]
-                .contains(&(own.policy as i32))
+        let mut own = get(tid)?;
+        if ![libc::SCHED_OTHER, libc::SCHED_BATCH, libc::SCHED_IDLE].contains(&(own.policy as i32))
         {
             return None;
         }
-        own.size = size;
         own.flags &= RESET_ON_FORK;
         let fifo = SchedAttr {
-            size,
+            size: own.size,
             policy: libc::SCHED_FIFO as u32,
             flags: own.flags,
             priority: 1,
@@ -75,6 +69,16 @@ impl Boost {
     }
 }
 
+/// `tid`'s scheduling attributes, `size` set for a later [`set`].
+fn get(tid: i32) -> Option<SchedAttr> {
+    let mut attr = SchedAttr::default();
+    let size = std::mem::size_of::<SchedAttr>() as u32;
+    // SAFETY: sched_getattr writes at most `size` bytes into `attr`.
+    let got = unsafe { libc::syscall(libc::SYS_sched_getattr, tid, &mut attr, size, 0u32) };
+    attr.size = size;
+    (got == 0).then_some(attr)
+}
+
 fn set(tid: i32, attr: &SchedAttr) -> bool {
     // SAFETY: sched_setattr reads `attr.size` bytes from a valid struct of that size.
     unsafe { libc::syscall(libc::SYS_sched_setattr, tid, attr, 0u32) == 0 }
@@ -85,13 +89,7 @@ mod tests {
     use super::*;
 
     fn policy_and_nice(tid: i32) -> (i32, i32) {
-        let mut a = SchedAttr::default();
-        let size = std::mem::size_of::<SchedAttr>() as u32;
-        // SAFETY: as in raise.
-        assert_eq!(
-            unsafe { libc::syscall(libc::SYS_sched_getattr, tid, &mut a, size, 0u32) },
-            0
-        );
+        let a = get(tid).unwrap();
         (a.policy as i32, a.nice)
     }
 

@@ -32,6 +32,17 @@ pub fn doing(dir: &str) -> String {
     )
 }
 
+/// [`doing`] of each child process of the thread whose /proc directory is `task`
+/// (`/proc/PID/task/TID`), as `; its child process PID: …` parts: what the processes a
+/// waiting thread started (a remote-call helper) are doing.
+pub fn children_doing(task: &str) -> String {
+    std::fs::read_to_string(format!("{task}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|c| format!("; its child process {c}: {}", doing(&format!("/proc/{c}"))))
+        .collect()
+}
+
 /// The innermost [`STACK_FRAMES`] function names of a `/proc/PID/stack` text
 /// (`[<0>] name+0x1/0x2` lines), innermost first, joined by ` < `.
 fn kernel_frames(stack: &str) -> String {
@@ -78,6 +89,19 @@ mod tests {
         );
         sleeper.join().unwrap();
         assert!(doing("/proc/self/task/0").contains("unreadable"));
+        // SAFETY: gettid has no preconditions.
+        let task = format!("/proc/self/task/{}", unsafe { libc::gettid() });
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let children = children_doing(&task);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(
+            children.contains(&format!("its child process {}: state", child.id())),
+            "{children}"
+        );
     }
 
     #[test]

@@ -18,7 +18,10 @@ use std::{
 use anyhow::Result;
 use log::warn;
 use pod_identity::Identity;
-use sys_util::{futex::Bell, task_state::doing};
+use sys_util::{
+    futex::Bell,
+    task_state::{children_doing, doing},
+};
 
 use super::engine::Engine;
 use crate::{api::board::EngineBoard, config::SentinelConfig};
@@ -156,15 +159,11 @@ impl Attacher {
             }
             a.reported = true;
             let task = format!("/proc/self/task/{}", a.tid.load(Ordering::Relaxed));
-            let helpers: String = std::fs::read_to_string(format!("{task}/children"))
-                .unwrap_or_default()
-                .split_whitespace()
-                .map(|c| format!("; its helper process {c}: {}", doing(&format!("/proc/{c}"))))
-                .collect();
             let why = format!(
-                "attaching engine pid {pid} has taken {} s and goes on: its thread is in {}{helpers}",
+                "attaching engine pid {pid} has taken {} s and goes on: its thread is in {}{}",
                 a.since.elapsed().as_secs(),
-                doing(&task)
+                doing(&task),
+                children_doing(&task)
             );
             warn!("{why}");
             board.attach_failed(*pid, why);
