@@ -110,10 +110,11 @@ impl SlowAttachWatch {
                 }
                 reported = Some(cycle);
                 eprintln!(
-                    "cycle {cycle}: the attach has run {:.1?}; the attaching thread: {}{}",
+                    "cycle {cycle}: the attach has run {:.1?}; the attaching thread: {}{}{}",
                     since.elapsed(),
                     sys_util::task_state::doing(&task),
-                    sys_util::task_state::children_doing(&task)
+                    sys_util::task_state::children_doing(&task),
+                    sys_util::task_state::cpu_contention()
                 );
             }
         });
@@ -204,6 +205,10 @@ fn attach_detach_cycles_on_vllm_under_load() {
     let started = Instant::now();
     let from_unix = unix_now();
     let watch = SlowAttachWatch::start();
+    // Attached as the daemon attaches, from a thread in the background: at the normal policy,
+    // beside the engine and its load saturating the CPUs, the attaching thread waited minutes
+    // for the tens of milliseconds of CPU an attach takes.
+    eprintln!("the attaching thread: {:?}", sys_util::sched::background());
     for cycle in 0..cycles {
         let t = Instant::now();
         watch.attaching(cycle);

@@ -18,8 +18,9 @@
 //! [`run`] waits at most its `patience` for the result. A child that has not handed it back by
 //! then is left to finish (it may be holding another process's thread, which only it can put
 //! back) and reaped in the background; the caller gets an error that says what the child was
-//! doing (its state, the kernel function it sleeps in, its syscall), so a wedged child shows
-//! in the caller's log instead of hanging the caller with it.
+//! doing (its state, the kernel function it sleeps in, its syscall) and what competes for the
+//! host's CPUs, so a wedged child shows in the caller's log instead of hanging the caller with
+//! it.
 //!
 //! # What still stops it
 //! SIGKILL of every process of the caller's cgroup (`cgroup.kill`, an OOM kill of the container)
@@ -69,6 +70,7 @@ pub fn run(patience: Duration, work: impl FnOnce() -> Vec<u8>) -> io::Result<Vec
     if let Err(e) = &read {
         if e.kind() == io::ErrorKind::TimedOut {
             let doing = crate::task_state::doing(&format!("/proc/{pid}"));
+            let contention = crate::task_state::cpu_contention();
             // The child finishes on its own; only its exit status is left to collect.
             let _ = std::thread::Builder::new()
                 .name("detached-reap".into())
@@ -76,7 +78,7 @@ pub fn run(patience: Duration, work: impl FnOnce() -> Vec<u8>) -> io::Result<Vec
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!(
-                    "the helper process {pid} has not handed back its result after {patience:?} (left to finish alone; {doing})"
+                    "the helper process {pid} has not handed back its result after {patience:?} (left to finish alone; {doing}{contention})"
                 ),
             ));
         }
@@ -131,21 +133,28 @@ fn child(write_end: RawFd, work: impl FnOnce() -> Vec<u8>) -> ! {
 }
 
 /// Reads `pipe` to its end, or fails with `TimedOut` at `deadline`.
+///
+/// What the pipe holds when the deadline has passed is still read: a caller that got no CPU
+/// until after its deadline (a host the engine saturates) must not call a child that had
+/// finished in time wedged. Only a pipe with nothing more to read at its deadline times out.
 fn read_within(mut pipe: File, out: &mut Vec<u8>, deadline: Instant) -> io::Result<()> {
     let mut chunk = [0u8; 4096];
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::ErrorKind::TimedOut.into());
-        }
         let mut pfd = libc::pollfd {
             fd: pipe.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         };
-        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // Past the deadline: a last look, without waiting.
+        let ms = if left.is_zero() {
+            0
+        } else {
+            left.as_millis().clamp(1, i32::MAX as u128) as i32
+        };
         // SAFETY: one valid pollfd.
         match unsafe { libc::poll(&mut pfd, 1, ms) } {
+            0 if left.is_zero() => return Err(io::ErrorKind::TimedOut.into()),
             0 => continue,
             n if n < 0 => {
                 let e = io::Error::last_os_error();
@@ -211,6 +220,22 @@ mod tests {
             text.contains("has not handed back") && text.contains("state S"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_result_handed_back_in_time_is_read_after_the_deadline() {
+        // A caller that gets the CPU only after its deadline: the child had finished.
+        let mut fds = [0 as RawFd; 2];
+        // SAFETY: pipe2 fills the two-element array.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: both ends are ours alone; each File owns one.
+        let (read_end, mut write_end) =
+            unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+        write_end.write_all(b"done").unwrap();
+        drop(write_end);
+        let mut out = Vec::new();
+        read_within(read_end, &mut out, Instant::now()).unwrap();
+        assert_eq!(out, b"done");
     }
 
     #[test]

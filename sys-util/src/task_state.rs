@@ -23,13 +23,106 @@ pub fn doing(dir: &str) -> String {
             .unwrap_or_else(|e| format!("unreadable: {e}"))
     };
     let stat = read("stat");
-    let state = stat_fields(&stat).first().copied().unwrap_or("?");
+    let fields = stat_fields(&stat);
+    let state = fields.first().copied().unwrap_or("?");
     format!(
-        "state {state}, sleeping in {:?}, syscall {:?}, kernel stack {:?}",
+        "state {state}{}, sleeping in {:?}, syscall {:?}, kernel stack {:?}",
+        scheduling(&fields),
         read("wchan"),
         read("syscall"),
         kernel_frames(&read("stack"))
     )
+}
+
+/// `, on CPU n, POLICY[ priority], CPU time t s` from [`stat_fields`]: where a runnable thread
+/// waits for a CPU, and whether it got any (proc(5): `processor`, `rt_priority` and `policy`
+/// are fields 39-41, `utime` and `stime` 14-15 in clock ticks).
+fn scheduling(fields: &[&str]) -> String {
+    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+    let (Some(cpu), Some(prio), Some(policy)) = (field(39), field(40), field(41)) else {
+        return String::new();
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let ticks = field(14).unwrap_or(0) + field(15).unwrap_or(0);
+    format!(
+        ", on CPU {cpu}, {}, CPU time {:.2} s",
+        policy_name(policy, prio),
+        ticks as f64 / hz
+    )
+}
+
+fn policy_name(policy: u64, prio: u64) -> String {
+    match policy as i32 {
+        libc::SCHED_OTHER => "SCHED_OTHER".into(),
+        libc::SCHED_BATCH => "SCHED_BATCH".into(),
+        libc::SCHED_IDLE => "SCHED_IDLE".into(),
+        libc::SCHED_FIFO => format!("SCHED_FIFO {prio}"),
+        libc::SCHED_RR => format!("SCHED_RR {prio}"),
+        // SCHED_DEADLINE (include/uapi/linux/sched.h); libc does not name it.
+        6 => "SCHED_DEADLINE".into(),
+        other => format!("policy {other}"),
+    }
+}
+
+/// The kernel's "is a kernel thread" task flag (`PF_KTHREAD`, include/linux/sched.h).
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// What competes for the host's CPUs ahead of ordinary threads: the CPU pressure line of
+/// `/proc/pressure/cpu` and every user-space thread at a real-time or deadline policy, as a
+/// `; …` part. A thread that is runnable for seconds on a host with such a spinner pinned to its
+/// CPU gets only what real-time throttling leaves (`sched_rt_runtime_us`, 5 % by default).
+pub fn cpu_contention() -> String {
+    let pressure = std::fs::read_to_string("/proc/pressure/cpu")
+        .ok()
+        .and_then(|p| p.lines().next().map(str::to_string))
+        .unwrap_or_else(|| "unreadable".into());
+    let mut rt = Vec::new();
+    for task in std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .flat_map(|p| {
+            std::fs::read_dir(p.path().join("task"))
+                .into_iter()
+                .flatten()
+        })
+        .flatten()
+    {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let fields = stat_fields(&stat);
+        let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+        let kernel = field(9).is_some_and(|f| f & PF_KTHREAD != 0);
+        let policy = field(41).unwrap_or(0) as i32;
+        if kernel || [libc::SCHED_OTHER, libc::SCHED_BATCH, libc::SCHED_IDLE].contains(&policy) {
+            continue;
+        }
+        let comm = stat
+            .split_once('(')
+            .and_then(|(_, r)| r.rsplit_once(')'))
+            .map_or("?", |(c, _)| c);
+        let path = task.path();
+        let pid = path
+            .parent()
+            .and_then(|t| t.parent())
+            .and_then(|p| p.file_name())
+            .map_or("?".into(), |p| p.to_string_lossy());
+        rt.push(format!(
+            "thread {} of {pid} {comm} (state {}{})",
+            task.file_name().to_string_lossy(),
+            fields.first().copied().unwrap_or("?"),
+            scheduling(&fields)
+        ));
+    }
+    let rt = if rt.is_empty() {
+        "none".to_string()
+    } else {
+        rt.join(", ")
+    };
+    format!("; the host's CPU pressure: {pressure}; its real-time threads: {rt}")
 }
 
 /// [`doing`] of each child process of the thread whose /proc directory is `task`
@@ -102,6 +195,37 @@ mod tests {
             children.contains(&format!("its child process {}: state", child.id())),
             "{children}"
         );
+    }
+
+    #[test]
+    fn a_real_time_thread_is_in_the_census() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let param = libc::sched_param { sched_priority: 1 };
+            // SAFETY: the calling thread (0), a valid policy and parameter.
+            let fifo = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0;
+            // SAFETY: gettid has no preconditions.
+            tx.send((fifo, unsafe { libc::gettid() })).unwrap();
+            done_rx.recv().unwrap();
+        });
+        let (fifo, tid) = rx.recv().unwrap();
+        let census = cpu_contention();
+        done_tx.send(()).unwrap();
+        t.join().unwrap();
+        assert!(
+            census.starts_with("; the host's CPU pressure: "),
+            "{census}"
+        );
+        // Without CAP_SYS_NICE the thread stays ordinary and is left out.
+        let entry = format!("thread {tid} of {} ", std::process::id());
+        assert_eq!(census.contains(&entry), fifo, "{census}");
+        if fifo {
+            assert!(census.contains("SCHED_FIFO 1, CPU time"), "{census}");
+        }
+        // SAFETY: gettid has no preconditions.
+        let me = doing(&format!("/proc/self/task/{}", unsafe { libc::gettid() }));
+        assert!(me.contains(", SCHED_OTHER, CPU time "), "{me}");
     }
 
     #[test]

@@ -1,91 +1,28 @@
-//! Scheduling of the daemon's own background threads, which share the engine's cores.
+//! Scheduling of the daemon's own threads, which share the engine's cores: background threads
+//! at a CPU reservation ([`sys_util::sched`]), the loop thread at a real-time priority while it
+//! waits for verdicts.
 
 use std::cell::Cell;
 
 use log::{info, warn};
+use sys_util::sched::{set_policy, Placed, FALLBACK_NICE};
 
-/// The CPU a background thread (the sentinel's fit, a deep dive's writer) may take: 1 ms of
-/// every 10 ms, a SCHED_DEADLINE reservation. A fit is 20 ms of CPU at 300 samples and 0.13 s at
-/// 4,000; it must finish soon, since no alert comes before the first one, yet never crowd out
-/// the engine it shares the cores with. Neither fair-class setting does both on this kind of
-/// host (kernel 6.18, EEVDF, autogroup): beside a pipelined vLLM under load on 2 vCPUs, a
-/// process of 0.13 s of CPU took 0.13–23.8 s at SCHED_OTHER nice 0 and 0.13–23.2 s at
-/// SCHED_BATCH nice 10 (runnable, not run: `/proc/PID/schedstat` counted 20.6 s of run-queue
-/// wait), and a daemon's 300-sample fit took 148 s; under SCHED_IDLE a 1,000-sample fit waited
-/// more than 8 minutes. At this reservation the same process took 1.33–1.43 s (SCHED_BATCH
-/// nice 10 in turns beside it: 2.2–7.6 s). A deadline task runs ahead of every fair-class and
-/// real-time thread within its runtime and is throttled to its next period once that is spent,
-/// so it neither waits on the engine nor takes more than a tenth of one CPU from it, at most
-/// 1 ms at a time.
-const RESERVATION: Reservation = Reservation {
-    runtime_ns: 1_000_000,
-    period_ns: 10_000_000,
-};
-
-/// Where the kernel refuses the reservation: SCHED_BATCH (no preemption on wake-up) at this
-/// nice value, which yields to the engine roughly 10:1 and may wait as long as above.
-const FALLBACK_NICE: libc::c_int = 10;
-
-/// `SCHED_DEADLINE` of include/uapi/linux/sched.h (libc does not name it).
-const SCHED_DEADLINE: u32 = 6;
-
-struct Reservation {
-    runtime_ns: u64,
-    period_ns: u64,
-}
-
-/// Puts the calling thread in the background: [`RESERVATION`], or where the kernel refuses it
-/// (no CAP_SYS_NICE; a CPU affinity narrower than the root domain, as in a cpuset-pinned
-/// container; the CPUs' deadline bandwidth taken), SCHED_BATCH at [`FALLBACK_NICE`]. The first
-/// refusal is logged once per daemon, with its reason.
+/// Puts the calling thread in the background ([`sys_util::sched::background`]). The first
+/// refusal of the reservation is logged once per daemon, with its reason.
 pub fn background() {
-    let Err(refused) = reserve(&RESERVATION) else {
-        return;
-    };
-    static SAID: std::sync::Once = std::sync::Once::new();
-    SAID.call_once(|| {
-        info!(
-            "background threads (fits, deep-dive writers) run at SCHED_BATCH nice {FALLBACK_NICE}, with no bound on how long the engine's threads delay them: SCHED_DEADLINE was refused ({refused}; it needs CAP_SYS_NICE and a CPU affinity spanning every CPU)"
-        );
-    });
-    let batch = set_policy(libc::SCHED_BATCH, 0);
-    // SAFETY: plain syscalls on the calling thread (Linux nice values are per thread).
-    let niced = unsafe {
-        libc::setpriority(
-            libc::PRIO_PROCESS,
-            libc::gettid() as libc::id_t,
-            FALLBACK_NICE,
-        )
-    } == 0;
-    if !(batch && niced) {
-        warn!(
-            "cannot lower a background thread's priority: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-}
-
-/// The calling thread at SCHED_DEADLINE with `r` (deadline = period). Threads and processes it
-/// starts get the normal policy (SCHED_FLAG_RESET_ON_FORK; without it, the kernel refuses a
-/// deadline task's fork).
-fn reserve(r: &Reservation) -> std::io::Result<()> {
-    let attr = libc::sched_attr {
-        size: std::mem::size_of::<libc::sched_attr>() as u32,
-        sched_policy: SCHED_DEADLINE,
-        sched_flags: libc::SCHED_FLAG_RESET_ON_FORK as u64,
-        sched_nice: 0,
-        sched_priority: 0,
-        sched_runtime: r.runtime_ns,
-        sched_deadline: r.period_ns,
-        sched_period: r.period_ns,
-    };
-    // SAFETY: pid 0 is the calling thread; attr is a valid sched_attr of the size it states,
-    // read by the kernel during the call only.
-    let rc = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const _, 0u32) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
+    match sys_util::sched::background() {
+        Placed::Reserved => {}
+        Placed::Batched { refused } => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                info!(
+                    "background threads (fits, deep-dive writers, attaches) run at SCHED_BATCH nice {FALLBACK_NICE}, with no bound on how long the engine's threads delay them: SCHED_DEADLINE was refused ({refused}; it needs CAP_SYS_NICE and a CPU affinity spanning every CPU)"
+                );
+            });
+        }
+        Placed::Unchanged { refused, lowering } => warn!(
+            "cannot lower a background thread's priority: {lowering} (SCHED_DEADLINE was refused: {refused})"
+        ),
     }
 }
 
@@ -151,55 +88,5 @@ impl VerdictPriority {
         if self.raised.get() && set_policy(libc::SCHED_OTHER, 0) {
             self.raised.set(false);
         }
-    }
-}
-
-fn set_policy(policy: libc::c_int, priority: libc::c_int) -> bool {
-    let param = libc::sched_param {
-        sched_priority: priority,
-    };
-    // SAFETY: pid 0 is the calling thread; param is valid for the call.
-    unsafe { libc::sched_setscheduler(0, policy, &param) == 0 }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The calling thread's policy.
-    fn policy() -> libc::c_int {
-        // SAFETY: pid 0 is the calling thread.
-        let policy = unsafe { libc::sched_getscheduler(0) };
-        policy & !libc::SCHED_RESET_ON_FORK
-    }
-
-    #[test]
-    fn a_background_thread_is_reserved_or_batched_and_can_start_threads() {
-        let (own, child) = std::thread::spawn(|| {
-            background();
-            let child = std::thread::spawn(policy)
-                .join()
-                .expect("a thread started from it");
-            (policy(), child)
-        })
-        .join()
-        .unwrap();
-        // As root (CI) on every CPU the reservation is granted; elsewhere the fallback.
-        // SAFETY: geteuid and sysconf have no preconditions; a zeroed cpu_set_t is a valid
-        // empty set, filled by the kernel for the calling thread (pid 0).
-        let everywhere = unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) == 0
-                && i64::from(libc::CPU_COUNT(&set)) == libc::sysconf(libc::_SC_NPROCESSORS_ONLN)
-                && libc::geteuid() == 0
-        };
-        // A reserved thread's children get the normal policy (the kernel refuses a deadline
-        // task's fork otherwise); a batched one's inherit its policy.
-        let expected = if everywhere {
-            (SCHED_DEADLINE as libc::c_int, libc::SCHED_OTHER)
-        } else {
-            (libc::SCHED_BATCH, libc::SCHED_BATCH)
-        };
-        assert_eq!((own, child), expected);
     }
 }

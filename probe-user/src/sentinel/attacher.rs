@@ -1,6 +1,9 @@
 //! Attaching engines. Each attach runs on a thread of its own: it waits for the engine's main
 //! thread to reach a safe point (seconds for an engine that sits in a C call), and the loop
-//! keeps serving the other engines meanwhile. An attach that fails is published with why
+//! keeps serving the other engines meanwhile. The thread runs in the background
+//! ([`crate::os::sched::background`]): its tens of milliseconds of CPU neither wait behind an
+//! engine that saturates the CPUs (at the normal policy an attach there took minutes) nor
+//! crowd it out. An attach that fails is published with why
 //! and tried again after [`ATTACH_RETRY`]; one still running after [`ATTACH_SLOW`] is logged
 //! and published with what its thread and its helper processes are doing.
 
@@ -20,7 +23,7 @@ use log::warn;
 use pod_identity::Identity;
 use sys_util::{
     futex::Bell,
-    task_state::{children_doing, doing},
+    task_state::{children_doing, cpu_contention, doing},
 };
 
 use super::engine::Engine;
@@ -88,6 +91,7 @@ impl Attacher {
             .spawn(move || {
                 // SAFETY: gettid has no preconditions.
                 tid_set.store(unsafe { libc::gettid() }, Ordering::Relaxed);
+                crate::os::sched::background();
                 let attached = Engine::attach(pid, identity, &sentinel, &state_dir);
                 bell.ring();
                 attached
@@ -160,10 +164,11 @@ impl Attacher {
             a.reported = true;
             let task = format!("/proc/self/task/{}", a.tid.load(Ordering::Relaxed));
             let why = format!(
-                "attaching engine pid {pid} has taken {} s and goes on: its thread is in {}{}",
+                "attaching engine pid {pid} has taken {} s and goes on: its thread is in {}{}{}",
                 a.since.elapsed().as_secs(),
                 doing(&task),
-                children_doing(&task)
+                children_doing(&task),
+                cpu_contention()
             );
             warn!("{why}");
             board.attach_failed(*pid, why);
