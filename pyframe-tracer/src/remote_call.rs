@@ -562,16 +562,30 @@ fn catch_syscall_entry(
     }))
 }
 
-/// Polls for a state change of `tid` until `deadline`; None on timeout.
+/// How long a wait for a stop polls without sleeping: a stop after PTRACE_INTERRUPT comes in
+/// microseconds and a remote call returns in tens of them, while each sleep between polls
+/// adds its own wake-up to the time the thread is held.
+const SPIN: Duration = Duration::from_micros(100);
+
+/// Polls for a state change of `tid` until `deadline`; None on timeout. The first [`SPIN`]
+/// polls back to back, yielding between them: the thread waited for may be queued on this
+/// CPU at this helper's real-time priority ([`crate::boost`]), and only a yield lets it run
+/// there. Later polls sleep between them, 5 µs doubling to 200 µs.
 fn wait_stop(tid: Pid, deadline: Instant) -> nix::Result<Option<WaitStatus>> {
+    let spin_until = Instant::now() + SPIN;
     let mut nap = Duration::from_micros(5);
     loop {
         match waitpid(tid, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG))? {
             WaitStatus::StillAlive => {}
             status => return Ok(Some(status)),
         }
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
             return Ok(None);
+        }
+        if now < spin_until {
+            std::thread::yield_now();
+            continue;
         }
         std::thread::sleep(nap);
         nap = (nap * 2).min(Duration::from_micros(200));
