@@ -205,10 +205,13 @@ fn attach_detach_cycles_on_vllm_under_load() {
     let started = Instant::now();
     let from_unix = unix_now();
     let watch = SlowAttachWatch::start();
-    // Attached as the daemon attaches, from a thread in the background: at the normal policy,
-    // beside the engine and its load saturating the CPUs, the attaching thread waited minutes
-    // for the tens of milliseconds of CPU an attach takes.
-    eprintln!("the attaching thread: {:?}", sys_util::sched::background());
+    // Attached as the daemon attaches, from a thread at the background reservation: at the
+    // normal policy, beside the engine and its load saturating the CPUs, the attaching thread
+    // of a CI run waited 10 s to minutes for the tens of milliseconds of CPU an attach takes.
+    eprintln!(
+        "the attaching thread at the background reservation: {:?}",
+        sys_util::sched::reserved()
+    );
     for cycle in 0..cycles {
         let t = Instant::now();
         watch.attaching(cycle);

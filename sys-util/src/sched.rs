@@ -73,6 +73,13 @@ pub fn background() -> Placed {
     }
 }
 
+/// Puts the calling thread at [`RESERVATION`] alone: where the kernel refuses it (see
+/// [`background`]) the thread keeps its policy, for work that must not wait longer than at the
+/// normal policy (an attach) rather than work that may (a fit).
+pub fn reserved() -> std::io::Result<()> {
+    reserve(&RESERVATION)
+}
+
 /// The calling thread at SCHED_DEADLINE with `r` (deadline = period). Threads and processes it
 /// starts get the normal policy (SCHED_FLAG_RESET_ON_FORK; without it, the kernel refuses a
 /// deadline task's fork).

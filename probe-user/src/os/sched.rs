@@ -16,13 +16,27 @@ pub fn background() {
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| {
                 info!(
-                    "background threads (fits, deep-dive writers, attaches) run at SCHED_BATCH nice {FALLBACK_NICE}, with no bound on how long the engine's threads delay them: SCHED_DEADLINE was refused ({refused}; it needs CAP_SYS_NICE and a CPU affinity spanning every CPU)"
+                    "background threads (fits, deep-dive writers) run at SCHED_BATCH nice {FALLBACK_NICE}, with no bound on how long the engine's threads delay them: SCHED_DEADLINE was refused ({refused}; it needs CAP_SYS_NICE and a CPU affinity spanning every CPU)"
                 );
             });
         }
         Placed::Unchanged { refused, lowering } => warn!(
             "cannot lower a background thread's priority: {lowering} (SCHED_DEADLINE was refused: {refused})"
         ),
+    }
+}
+
+/// Puts the calling thread at the background reservation ([`sys_util::sched::reserved`]), or
+/// leaves it at its policy where the kernel refuses it; the first refusal is logged once per
+/// daemon, with its reason.
+pub fn reserved_or_normal() {
+    if let Err(refused) = sys_util::sched::reserved() {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            info!(
+                "attaches run at the normal policy and may wait behind the engine's threads: SCHED_DEADLINE was refused ({refused}; it needs CAP_SYS_NICE and a CPU affinity spanning every CPU)"
+            );
+        });
     }
 }
 

@@ -1,9 +1,9 @@
 //! Attaching engines. Each attach runs on a thread of its own: it waits for the engine's main
 //! thread to reach a safe point (seconds for an engine that sits in a C call), and the loop
-//! keeps serving the other engines meanwhile. The thread runs in the background
-//! ([`crate::os::sched::background`]): its tens of milliseconds of CPU neither wait behind an
-//! engine that saturates the CPUs (at the normal policy an attach there took minutes) nor
-//! crowd it out. An attach that fails is published with why
+//! keeps serving the other engines meanwhile. The thread runs at the background CPU
+//! reservation where the kernel grants it ([`crate::os::sched::reserved_or_normal`]): its tens
+//! of milliseconds of CPU neither wait behind an engine that saturates the CPUs (at the normal
+//! policy a test's attaches there took 10 s to minutes) nor crowd it out. An attach that fails is published with why
 //! and tried again after [`ATTACH_RETRY`]; one still running after [`ATTACH_SLOW`] is logged
 //! and published with what its thread and its helper processes are doing.
 
@@ -91,7 +91,7 @@ impl Attacher {
             .spawn(move || {
                 // SAFETY: gettid has no preconditions.
                 tid_set.store(unsafe { libc::gettid() }, Ordering::Relaxed);
-                crate::os::sched::background();
+                crate::os::sched::reserved_or_normal();
                 let attached = Engine::attach(pid, identity, &sentinel, &state_dir);
                 bell.ring();
                 attached
