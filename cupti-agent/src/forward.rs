@@ -8,8 +8,9 @@ use std::{collections::HashMap, panic::catch_unwind, sync::Mutex, sync::RwLock};
 
 use cupti_sys::{
     channel::{Channel, Event},
-    record::{self, Activity},
+    record::{self, Activity, Api, ApiDomain},
     subscription::RecordReader,
+    QUIET_DRIVER_API, QUIET_RUNTIME_API,
 };
 
 /// Bytes of each buffer handed to CUPTI.
@@ -157,6 +158,7 @@ impl State {
                 }
                 Activity::Memcpy(m) => Event::Memcpy(m),
                 Activity::Memset(m) => Event::Memset(m),
+                Activity::Api(a) if quieted(&a) => continue,
                 Activity::Api(a) => Event::Api(a),
                 Activity::Synchronization(s) => Event::Synchronization(s),
                 Activity::ExternalCorrelation(x) => Event::ExternalCorrelation {
@@ -167,6 +169,41 @@ impl State {
                 Activity::Other(_) => continue,
             };
             self.channel.push(&event);
+        }
+    }
+}
+
+/// Whether `a` is a call the subscription quiets (`Subscription::quiet`). Quieting comes after
+/// the API kinds are enabled, since enabling a kind turns each of its functions on, so CUPTI
+/// records the calls made in between; they are dropped here.
+fn quieted(a: &Api) -> bool {
+    let table: &[(u32, &str)] = match a.domain {
+        ApiDomain::Driver => &QUIET_DRIVER_API,
+        ApiDomain::Runtime => &QUIET_RUNTIME_API,
+    };
+    table.iter().any(|(cbid, _)| *cbid == a.cbid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_quieted_calls_are_dropped_and_no_other() {
+        let cases = [
+            (ApiDomain::Runtime, QUIET_RUNTIME_API[0].0, true),
+            (ApiDomain::Driver, QUIET_DRIVER_API[0].0, true),
+            // cudaLaunchKernel (runtime 211) and cuLaunchKernel (driver 307) are kept.
+            (ApiDomain::Runtime, 211, false),
+            (ApiDomain::Driver, 307, false),
+        ];
+        for (domain, cbid, dropped) in cases {
+            let a = Api {
+                domain,
+                cbid,
+                ..Api::default()
+            };
+            assert_eq!(quieted(&a), dropped, "{domain:?} {cbid}");
         }
     }
 }
