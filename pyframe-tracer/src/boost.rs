@@ -46,8 +46,7 @@ impl Boost {
     /// the kernel refuses.
     pub(crate) fn raise(tid: i32) -> Option<Boost> {
         let mut own = get(tid)?;
-        if ![libc::SCHED_OTHER, libc::SCHED_BATCH, libc::SCHED_IDLE].contains(&(own.policy as i32))
-        {
+        if !sys_util::sched::is_fair(own.policy as i32) {
             return None;
         }
         own.flags &= RESET_ON_FORK;

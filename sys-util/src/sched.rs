@@ -24,7 +24,13 @@ pub const RESERVATION: Reservation = Reservation {
 pub const FALLBACK_NICE: libc::c_int = 10;
 
 /// `SCHED_DEADLINE` of include/uapi/linux/sched.h (libc does not name it).
-const SCHED_DEADLINE: u32 = 6;
+pub const SCHED_DEADLINE: u32 = 6;
+
+/// Whether `policy` is one of the fair class's (normal, batch, idle), below every real-time
+/// and deadline one.
+pub fn is_fair(policy: libc::c_int) -> bool {
+    [libc::SCHED_OTHER, libc::SCHED_BATCH, libc::SCHED_IDLE].contains(&policy)
+}
 
 /// A SCHED_DEADLINE reservation: `runtime_ns` of CPU in every `period_ns`.
 pub struct Reservation {

@@ -38,7 +38,7 @@ pub fn doing(dir: &str) -> String {
 /// waits for a CPU, and whether it got any (proc(5): `processor`, `rt_priority` and `policy`
 /// are fields 39-41, `utime` and `stime` 14-15 in clock ticks).
 fn scheduling(fields: &[&str]) -> String {
-    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+    let field = |n| stat_number(fields, n);
     let (Some(cpu), Some(prio), Some(policy)) = (field(39), field(40), field(41)) else {
         return String::new();
     };
@@ -52,6 +52,12 @@ fn scheduling(fields: &[&str]) -> String {
     )
 }
 
+/// Field `n` of a `/proc/PID/stat` text (numbered as in proc(5)) from its [`stat_fields`], as a
+/// number.
+fn stat_number(fields: &[&str], n: usize) -> Option<u64> {
+    fields.get(n - 3).and_then(|f| f.parse().ok())
+}
+
 fn policy_name(policy: u64, prio: u64) -> String {
     match policy as i32 {
         libc::SCHED_OTHER => "SCHED_OTHER".into(),
@@ -59,8 +65,7 @@ fn policy_name(policy: u64, prio: u64) -> String {
         libc::SCHED_IDLE => "SCHED_IDLE".into(),
         libc::SCHED_FIFO => format!("SCHED_FIFO {prio}"),
         libc::SCHED_RR => format!("SCHED_RR {prio}"),
-        // SCHED_DEADLINE (include/uapi/linux/sched.h); libc does not name it.
-        6 => "SCHED_DEADLINE".into(),
+        p if p == crate::sched::SCHED_DEADLINE as i32 => "SCHED_DEADLINE".into(),
         other => format!("policy {other}"),
     }
 }
@@ -94,10 +99,10 @@ pub fn cpu_contention() -> String {
             continue;
         };
         let fields = stat_fields(&stat);
-        let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+        let field = |n| stat_number(&fields, n);
         let kernel = field(9).is_some_and(|f| f & PF_KTHREAD != 0);
         let policy = field(41).unwrap_or(0) as i32;
-        if kernel || [libc::SCHED_OTHER, libc::SCHED_BATCH, libc::SCHED_IDLE].contains(&policy) {
+        if kernel || crate::sched::is_fair(policy) {
             continue;
         }
         let comm = stat
