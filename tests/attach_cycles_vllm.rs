@@ -207,7 +207,7 @@ fn attach_detach_cycles_on_vllm_under_load() {
     let watch = SlowAttachWatch::start();
     // Attached as the daemon attaches, from a thread at the background reservation: at the
     // normal policy, beside the engine and its load saturating the CPUs, the attaching thread
-    // of a CI run waited 10 s to minutes for the tens of milliseconds of CPU an attach takes.
+    // at times waited 10 s to minutes for the tens of milliseconds of CPU an attach takes.
     eprintln!(
         "the attaching thread at the background reservation: {:?}",
         sys_util::sched::reserved()
