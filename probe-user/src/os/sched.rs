@@ -28,15 +28,21 @@ pub fn background() {
 
 /// Puts the calling thread at the background reservation ([`sys_util::sched::reserved`]), or
 /// leaves it at its policy where the kernel refuses it; the first refusal is logged once per
-/// daemon, with its reason.
-pub fn reserved_or_normal() {
-    if let Err(refused) = sys_util::sched::reserved() {
-        static SAID: std::sync::Once = std::sync::Once::new();
-        SAID.call_once(|| {
-            info!(
-                "attaches run at the normal policy and may wait behind the engine's threads: SCHED_DEADLINE was refused ({refused}; it needs CAP_SYS_NICE and a CPU affinity spanning every CPU)"
-            );
-        });
+/// daemon, with its reason. For the daemon's own threads that must keep moving on a saturated
+/// node but may not be slowed to SCHED_BATCH (attaches, the HTTP API, the loop's watchdog).
+/// Returns whether the thread is reserved.
+pub fn reserved_or_normal() -> bool {
+    match sys_util::sched::reserved() {
+        Ok(()) => true,
+        Err(refused) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                info!(
+                    "the daemon's own threads (attaches, the HTTP API, the loop outside its verdicts) run at the normal policy and may wait behind the engine's threads: SCHED_DEADLINE was refused ({refused}; it needs CAP_SYS_NICE and a CPU affinity spanning every CPU)"
+                );
+            });
+            false
+        }
     }
 }
 
@@ -50,9 +56,13 @@ pub fn reserved_or_normal() {
 /// 0.10 ms under SCHED_FIFO (200 sleeps each). The thread is SCHED_FIFO only in the phases of
 /// its loop on the verdicts' path (the wait, the engines' verdicts, a look at the deep dives:
 /// microseconds per iteration) and drops to the normal policy for those that take
-/// milliseconds (starting and stopping a capture, rescans, accounting), so it takes no more
-/// CPU from the engine than before, only sooner. The kernel's RT throttling
-/// (`sched_rt_runtime_us`) bounds what a runaway loop could take.
+/// milliseconds (starting and stopping a capture, rescans, accounting) to the background
+/// reservation ([`reserved_or_normal`]; the normal policy where it is refused), so it takes no
+/// more CPU from the engine than before, only sooner. Those phases cannot wait at the normal
+/// policy either: beside a saturated vLLM on 2 vCPUs the loop thread has been seen runnable
+/// (state R) with its accounting not moving for more than 200 s. The kernel's RT throttling
+/// (`sched_rt_runtime_us`) bounds what a runaway loop could take at SCHED_FIFO, the
+/// reservation's runtime what it could take in the other phases.
 ///
 /// Needs CAP_SYS_NICE (or an RLIMIT_RTPRIO that allows the priority); under cgroup v1 with
 /// RT group scheduling, a cgroup with `cpu.rt_runtime_us` above 0. Without them the loop
@@ -97,10 +107,54 @@ impl VerdictPriority {
         }
     }
 
-    /// Before the rest of a pass.
+    /// Before the rest of a pass: the background reservation, or the normal policy.
     pub fn lower(&self) {
-        if self.raised.get() && set_policy(libc::SCHED_OTHER, 0) {
+        if self.raised.get() && (reserved_or_normal() || set_policy(libc::SCHED_OTHER, 0)) {
             self.raised.set(false);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The calling thread's policy.
+    fn policy() -> libc::c_int {
+        // SAFETY: pid 0 is the calling thread.
+        unsafe { libc::sched_getscheduler(0) & !libc::SCHED_RESET_ON_FORK }
+    }
+
+    #[test]
+    fn the_loop_thread_alternates_between_fifo_and_the_reservation() {
+        // Whether this host grants the reservation (a cpuset-pinned container does not).
+        let granted = std::thread::spawn(|| sys_util::sched::reserved().is_ok())
+            .join()
+            .unwrap();
+        let lowered = if granted {
+            sys_util::sched::SCHED_DEADLINE as libc::c_int
+        } else {
+            libc::SCHED_OTHER
+        };
+        std::thread::spawn(move || {
+            let p = VerdictPriority::new(1);
+            if !p.realtime() {
+                // Without CAP_SYS_NICE: the normal policy throughout.
+                p.lower();
+                assert_eq!(policy(), libc::SCHED_OTHER);
+                return;
+            }
+            for _ in 0..3 {
+                assert_eq!(policy(), libc::SCHED_FIFO);
+                p.lower();
+                assert_eq!(policy(), lowered);
+                // What the lowered loop starts runs at the normal policy.
+                let child = std::thread::spawn(policy).join().unwrap();
+                assert_eq!(child, libc::SCHED_OTHER);
+                p.raise();
+            }
+        })
+        .join()
+        .unwrap();
     }
 }

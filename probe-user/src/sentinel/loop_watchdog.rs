@@ -1,8 +1,12 @@
 //! A watchdog on the daemon's loop. The loop runs the sentinel of every engine; if it is held
 //! up (by a capture's teardown, a slow /proc read, a lock), alerts stop coming without any
 //! sign. The loop marks each phase it enters; a thread of its own checks that the mark moves
-//! and logs a warning naming the phase, the loop thread's state and kernel wait channel when
-//! it has not moved for [`STUCK_AFTER`], then how long the hold-up lasted once it is over.
+//! and logs a warning naming the phase, what the loop thread is doing (its state, kernel wait,
+//! CPU, policy and CPU time) and what competes for the CPUs when it has not moved for
+//! [`STUCK_AFTER`], again each time the hold-up doubles (a thread whose CPU time does not grow
+//! is starved, one whose CPU time grows is busy), then how long it lasted once it is over.
+//! The watchdog runs at the background reservation where the kernel grants it, so that it
+//! reports on a node whose CPUs the engine saturates.
 //! The sleep between passes counts too once it outlasts its own length by [`STUCK_AFTER`]:
 //! a loop thread that does not wake up is starved of CPU.
 
@@ -145,7 +149,10 @@ pub fn start(idle: Duration, priority: u8) -> std::io::Result<(Marker, Watchdog)
     let watched = state.clone();
     let handle = std::thread::Builder::new()
         .name("stallscope-watchdog".into())
-        .spawn(move || watch(&watched, idle))?;
+        .spawn(move || {
+            crate::os::sched::reserved_or_normal();
+            watch(&watched, idle)
+        })?;
     Ok((
         Marker {
             state: state.clone(),
@@ -159,8 +166,8 @@ pub fn start(idle: Duration, priority: u8) -> std::io::Result<(Marker, Watchdog)
 }
 
 fn watch(s: &State, idle: Duration) {
-    // The pass being reported as stuck: its start.
-    let mut reported: Option<u64> = None;
+    // The pass being reported as stuck: its start, and the hold-up that calls for the next report.
+    let mut reported: Option<(u64, Duration)> = None;
     while !s.stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(500));
         let since = s.since_ns.load(Ordering::Relaxed);
@@ -173,43 +180,27 @@ fn watch(s: &State, idle: Duration) {
             Phase::Idle => STUCK_AFTER + idle,
             _ => STUCK_AFTER,
         };
-        match reported {
-            Some(at) if at != since => {
+        let next = match reported {
+            Some((at, _)) if at != since => {
                 warn!(
                     "the daemon's loop is moving again (held up {:.1?} in total)",
                     Duration::from_nanos(since.saturating_sub(at))
                 );
                 reported = None;
+                continue;
             }
-            None if held >= limit => {
-                let tid = s.tid.load(Ordering::Relaxed);
-                warn!(
-                    "the daemon's loop has been held up for {held:.1?} in {}: no alerts while it lasts (loop thread {tid}: {})",
-                    phase.name(),
-                    thread_state(tid)
-                );
-                reported = Some(since);
-            }
-            _ => {}
+            Some((_, next)) => next,
+            None => limit,
+        };
+        if held >= next {
+            let tid = s.tid.load(Ordering::Relaxed);
+            warn!(
+                "the daemon's loop has been held up for {held:.1?} in {}: no alerts while it lasts (loop thread {tid}: {}{})",
+                phase.name(),
+                sys_util::task_state::doing(&format!("/proc/self/task/{tid}")),
+                sys_util::task_state::cpu_contention()
+            );
+            reported = Some((since, held * 2));
         }
     }
-}
-
-/// "state S, waiting in <wchan>" for a thread of this process.
-fn thread_state(tid: u64) -> String {
-    let base = format!("/proc/self/task/{tid}");
-    let state = std::fs::read_to_string(format!("{base}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest = s.rsplit_once(')')?.1.trim_start().to_string();
-            rest.split(' ').next().map(str::to_string)
-        })
-        .unwrap_or_else(|| "?".into());
-    let wchan = std::fs::read_to_string(format!("{base}/wchan")).unwrap_or_default();
-    let wchan = if wchan.is_empty() || wchan == "0" {
-        "-".to_string()
-    } else {
-        wchan
-    };
-    format!("state {state}, kernel wait channel {wchan}")
 }
