@@ -14,6 +14,12 @@
 /// real-time thread within its runtime and is throttled to its next period once that is spent,
 /// so it neither waits on the engine nor takes more than a tenth of one CPU from it, at most
 /// 1 ms at a time.
+///
+/// # A thread keeps it for its life
+/// Threads take it once and end with it (fits, deep-dive writers, attaches). On this kind of
+/// host (kernel 6.18) the daemon's loop thread, switched between SCHED_FIFO and this
+/// reservation at every pass, was left throttled for good: state R, its deadline 20 minutes
+/// past, never run (its pending SIGKILL included) until its policy was changed from outside.
 pub const RESERVATION: Reservation = Reservation {
     runtime_ns: 1_000_000,
     period_ns: 10_000_000,

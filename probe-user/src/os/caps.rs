@@ -38,7 +38,7 @@ pub const CAP_SYS_NICE: Cap = Cap {
     number: 23,
     name: "CAP_SYS_NICE",
     used_for:
-        "the verdicts at SCHED_FIFO ([sentinel] verdict_priority) and the daemon's other threads at a CPU reservation (SCHED_DEADLINE); without it, the normal policy",
+        "the verdicts at SCHED_FIFO ([sentinel] verdict_priority; without it, the normal policy)",
 };
 pub const CAP_PERFMON: Cap = Cap {
     number: 38,

@@ -28,22 +28,26 @@ pub fn background() {
 
 /// Puts the calling thread at the background reservation ([`sys_util::sched::reserved`]), or
 /// leaves it at its policy where the kernel refuses it; the first refusal is logged once per
-/// daemon, with its reason. For the daemon's own threads that must keep moving on a saturated
-/// node but may not be slowed to SCHED_BATCH (attaches, the HTTP API, the loop's watchdog).
-/// Returns whether the thread is reserved.
-pub fn reserved_or_normal() -> bool {
-    match sys_util::sched::reserved() {
-        Ok(()) => true,
-        Err(refused) => {
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                info!(
-                    "the daemon's own threads (attaches, the HTTP API, the loop outside its verdicts) run at the normal policy and may wait behind the engine's threads: SCHED_DEADLINE was refused ({refused}; it needs CAP_SYS_NICE and a CPU affinity spanning every CPU)"
-                );
-            });
-            false
-        }
+/// daemon, with its reason.
+pub fn reserved_or_normal() {
+    if let Err(refused) = sys_util::sched::reserved() {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            info!(
+                "attaches run at the normal policy and may wait behind the engine's threads: SCHED_DEADLINE was refused ({refused}; it needs CAP_SYS_NICE and a CPU affinity spanning every CPU)"
+            );
+        });
     }
+}
+
+/// Puts the calling thread at SCHED_FIFO `priority` (0: leaves it as it is); whether it is.
+/// Threads it starts get the normal policy (SCHED_RESET_ON_FORK).
+pub fn realtime(priority: u8) -> bool {
+    priority > 0
+        && set_policy(
+            libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK,
+            priority.into(),
+        )
 }
 
 /// The real-time priority of the daemon's loop thread while it waits for and makes verdicts.
@@ -53,16 +57,17 @@ pub fn reserved_or_normal() -> bool {
 /// 2 vCPUs, a 50 ms sleeper's wake came 3.6 ms late at p99, 7.9 ms when a nice-10 thread of
 /// its own session burned CPU beside it (autogroup charges a session's threads to one
 /// scheduling entity, so the daemon's own fits and deep-dive writers delay its loop), and
-/// 0.10 ms under SCHED_FIFO (200 sleeps each). The thread is SCHED_FIFO only in the phases of
-/// its loop on the verdicts' path (the wait, the engines' verdicts, a look at the deep dives:
-/// microseconds per iteration) and drops to the normal policy for those that take
-/// milliseconds (starting and stopping a capture, rescans, accounting) to the background
-/// reservation ([`reserved_or_normal`]; the normal policy where it is refused), so it takes no
-/// more CPU from the engine than before, only sooner. Those phases cannot wait at the normal
-/// policy either: beside a saturated vLLM on 2 vCPUs the loop thread has been seen runnable
-/// (state R) with its accounting not moving for more than 200 s. The kernel's RT throttling
-/// (`sched_rt_runtime_us`) bounds what a runaway loop could take at SCHED_FIFO, the
-/// reservation's runtime what it could take in the other phases.
+/// 0.10 ms under SCHED_FIFO (200 sleeps each). The thread is SCHED_FIFO in the phases of its
+/// loop on the verdicts' path (the wait, the engines' verdicts, a look at the deep dives:
+/// microseconds per iteration) and in its own bounded work (rescans and per-thread
+/// accounting, milliseconds a second: beside a saturated vLLM on 2 vCPUs, at the normal
+/// policy, its accounting has been seen runnable and not moving for more than 200 s), so it
+/// takes no more CPU from the engine than before, only sooner. It drops to the normal policy
+/// to start and stop a capture and to detach, which wait on the engine (ptrace, remote calls
+/// through a helper process). Not to the background reservation: a thread switching between
+/// SCHED_FIFO and SCHED_DEADLINE there was once left throttled for good
+/// ([`sys_util::sched::RESERVATION`]). The kernel's RT throttling (`sched_rt_runtime_us`)
+/// bounds what a runaway loop could take.
 ///
 /// Needs CAP_SYS_NICE (or an RLIMIT_RTPRIO that allows the priority); under cgroup v1 with
 /// RT group scheduling, a cgroup with `cpu.rt_runtime_us` above 0. Without them the loop
@@ -95,8 +100,7 @@ impl VerdictPriority {
         if self.raised.get() || priority == 0 {
             return;
         }
-        // SCHED_RESET_ON_FORK: a thread started from a verdict pass does not inherit the policy.
-        if set_policy(libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, priority) {
+        if realtime(priority as u8) {
             self.raised.set(true);
         } else {
             warn!(
@@ -107,9 +111,9 @@ impl VerdictPriority {
         }
     }
 
-    /// Before the rest of a pass: the background reservation, or the normal policy.
+    /// Before the rest of a pass.
     pub fn lower(&self) {
-        if self.raised.get() && (reserved_or_normal() || set_policy(libc::SCHED_OTHER, 0)) {
+        if self.raised.get() && set_policy(libc::SCHED_OTHER, 0) {
             self.raised.set(false);
         }
     }
@@ -126,17 +130,8 @@ mod tests {
     }
 
     #[test]
-    fn the_loop_thread_alternates_between_fifo_and_the_reservation() {
-        // Whether this host grants the reservation (a cpuset-pinned container does not).
-        let granted = std::thread::spawn(|| sys_util::sched::reserved().is_ok())
-            .join()
-            .unwrap();
-        let lowered = if granted {
-            sys_util::sched::SCHED_DEADLINE as libc::c_int
-        } else {
-            libc::SCHED_OTHER
-        };
-        std::thread::spawn(move || {
+    fn the_loop_thread_alternates_between_fifo_and_the_normal_policy() {
+        std::thread::spawn(|| {
             let p = VerdictPriority::new(1);
             if !p.realtime() {
                 // Without CAP_SYS_NICE: the normal policy throughout.
@@ -146,11 +141,11 @@ mod tests {
             }
             for _ in 0..3 {
                 assert_eq!(policy(), libc::SCHED_FIFO);
-                p.lower();
-                assert_eq!(policy(), lowered);
-                // What the lowered loop starts runs at the normal policy.
+                // What the loop starts runs at the normal policy.
                 let child = std::thread::spawn(policy).join().unwrap();
                 assert_eq!(child, libc::SCHED_OTHER);
+                p.lower();
+                assert_eq!(policy(), libc::SCHED_OTHER);
                 p.raise();
             }
         })

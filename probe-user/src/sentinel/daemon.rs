@@ -157,11 +157,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         );
         std::thread::Builder::new()
             .name("stallscope-http".into())
-            .spawn(move || {
-                // Scrapes and status reads must be answered on a node the engine saturates.
-                crate::os::sched::reserved_or_normal();
-                http::serve(listener, shared, dd, fleet, stop)
-            })?
+            .spawn(move || http::serve(listener, shared, dd, fleet, stop))?
     };
     info!(
         "stallscope running: sentinel on engines matching {:?}{}, serving on http://{}",

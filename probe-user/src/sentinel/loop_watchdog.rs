@@ -5,8 +5,9 @@
 //! CPU, policy and CPU time) and what competes for the CPUs when it has not moved for
 //! [`STUCK_AFTER`], again each time the hold-up doubles (a thread whose CPU time does not grow
 //! is starved, one whose CPU time grows is busy), then how long it lasted once it is over.
-//! The watchdog runs at the background reservation where the kernel grants it, so that it
-//! reports on a node whose CPUs the engine saturates.
+//! The watchdog runs at the loop's real-time priority where the kernel grants it (it sleeps
+//! between looks and reads a few /proc files), so that it reports on a node whose CPUs the
+//! engine saturates.
 //! The sleep between passes counts too once it outlasts its own length by [`STUCK_AFTER`]:
 //! a loop thread that does not wake up is starved of CPU.
 
@@ -62,11 +63,17 @@ impl Phase {
         }
     }
 
-    /// Whether the phase is on the verdicts' path (waiting for an iteration's end, the
-    /// sentinel, and the per-pass look at the deep dives), which runs at the verdict
-    /// priority; the others take milliseconds and run at the normal policy.
-    fn on_verdict_path(self) -> bool {
-        matches!(self, Phase::Idle | Phase::Sentinel | Phase::DeepDive)
+    /// Whether the phase runs at the verdict priority: the verdicts' path (waiting for an
+    /// iteration's end, the sentinel, the per-pass look at the deep dives) and the daemon's
+    /// own bounded work (rescans, accounting: reads and writes in process, milliseconds a
+    /// second), which at the normal policy a saturated node has held up for minutes. Starting
+    /// and stopping a capture and detaching wait on the engine (ptrace, remote calls through a
+    /// helper process) and run at the normal policy.
+    fn realtime(self) -> bool {
+        !matches!(
+            self,
+            Phase::CaptureStart | Phase::CaptureFinish | Phase::Stopping
+        )
     }
 
     fn from_u8(v: u8) -> Phase {
@@ -106,7 +113,7 @@ impl Marker {
         self.state
             .since_ns
             .store(clock::monotonic_ns(), Ordering::Relaxed);
-        if phase.on_verdict_path() {
+        if phase.realtime() {
             self.priority.raise();
         } else {
             self.priority.lower();
@@ -150,7 +157,7 @@ pub fn start(idle: Duration, priority: u8) -> std::io::Result<(Marker, Watchdog)
     let handle = std::thread::Builder::new()
         .name("stallscope-watchdog".into())
         .spawn(move || {
-            crate::os::sched::reserved_or_normal();
+            crate::os::sched::realtime(priority);
             watch(&watched, idle)
         })?;
     Ok((
