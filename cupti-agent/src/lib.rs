@@ -31,16 +31,22 @@ use cupti_sys::{
 };
 use sys_util::clock::monotonic_ns;
 
-/// Activity kinds enabled; the first is required, the rest are best effort.
+/// Activity kinds enabled, in this order, and disabled in the reverse one; kernel records
+/// ([`REQUIRED`]) are required, the rest best effort. The API kinds come on before the kinds of
+/// the work they launch and go off after them, so that every kernel, copy or set recorded has
+/// its launching call's record (its correlation): with the kernels first, a launch between
+/// the two enables was recorded without its call.
 const KINDS: [u32; 7] = [
+    kind::RUNTIME,
+    kind::DRIVER,
+    kind::EXTERNAL_CORRELATION,
+    kind::SYNCHRONIZATION,
     kind::CONCURRENT_KERNEL,
     kind::MEMCPY,
     kind::MEMSET,
-    kind::RUNTIME,
-    kind::DRIVER,
-    kind::SYNCHRONIZATION,
-    kind::EXTERNAL_CORRELATION,
 ];
+/// The kind without which there is no GPU plane.
+const REQUIRED: u32 = kind::CONCURRENT_KERNEL;
 /// How often completed CUPTI buffers are flushed to the channel.
 const FLUSH_EVERY: Duration = Duration::from_millis(200);
 /// How often a clock calibration sample is sent.
@@ -153,10 +159,10 @@ fn run(
         (forward::buffer_requested_v2, forward::buffer_completed_v2),
     )
     .map_err(|e| e.to_string())?;
-    for (i, k) in KINDS.iter().enumerate() {
-        match sub.enable(*k) {
-            Ok(()) => enabled.push(*k),
-            Err(e) if i == 0 => return Err(format!("{e} for kernel records")),
+    for k in KINDS {
+        match sub.enable(k) {
+            Ok(()) => enabled.push(k),
+            Err(e) if k == REQUIRED => return Err(format!("{e} for kernel records")),
             Err(_) => {}
         }
     }
