@@ -16,7 +16,7 @@ use std::{
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use serde_json::Value;
@@ -127,6 +127,13 @@ fn sglang_scheduler_iterations_match_its_batches_in_both_loops() {
         expect(&mut out, "done");
         std::thread::sleep(Duration::from_secs(1));
         let want = truth(&truth_path).split_off(truth_from);
+        // The daemon flushes its export with its accounting ([report] interval, 1 s, and up to
+        // 250 ms more once no iteration ends): wait for the rows of the batches asked, up to
+        // three intervals, then compare whatever is there.
+        let until = Instant::now() + Duration::from_secs(3);
+        while parse_export(&csv).len() - rows_from < want.len() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let got: Vec<Row> = parse_export(&csv).split_off(rows_from);
         let decode = want.iter().filter(|w| w.0 == DECODE).count();
         println!(
