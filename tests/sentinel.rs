@@ -18,8 +18,8 @@ use common::daemon::{config, config_on, metric, Daemon};
 use common::servers::start_prometheus;
 use common::{
     expect_failure, expect_json, expect_success, free_port, http_get, http_request, python,
-    python_check, require_root, stallscope, start_engine, start_hog, start_timed_engine, tmpdir,
-    toy_slowdown, toy_steps_between, Proc, TOY_HOG,
+    python_check, require_root, stallscope, start_engine, start_hog, start_timed_engine,
+    thread_scheduling, tmpdir, toy_slowdown, toy_steps_between, Proc, TOY_HOG,
 };
 use perfetto_writer::read;
 use sys_util::clock::monotonic_ns;
@@ -57,33 +57,33 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
         metrics.contains("\nstallscope_verdict_realtime 1\n"),
         "{metrics}"
     );
-    // The policy of a thread, from its /proc stat: the fields after the command's closing
-    // parenthesis start at the third; the policy is the 41st.
-    let policy = |task: &str| -> u32 {
-        let stat = std::fs::read_to_string(format!("{task}/stat")).unwrap();
-        let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        rest.split(' ').nth(41 - 3).unwrap().parse().unwrap()
+    let daemon = d.pid() as u32;
+    let policy = |tid: u32| {
+        thread_scheduling(daemon)
+            .remove(&tid.to_string())
+            .map(|(policy, _)| policy)
     };
-    let policies: Vec<u32> = (0..20)
+    let fifo = Some(libc::SCHED_FIFO.to_string());
+    let policies: Vec<Option<String>> = (0..20)
         .map(|_| {
             std::thread::sleep(Duration::from_millis(5));
-            policy(&format!("/proc/{}", d.pid()))
+            policy(daemon)
         })
         .collect();
     assert!(
-        policies.contains(&(libc::SCHED_FIFO as u32)),
+        policies.contains(&fifo),
         "the loop thread never read SCHED_FIFO in 20 looks: {policies:?}"
     );
     // So does its watchdog, which must report on a node the engine saturates.
-    let watchdog = std::fs::read_dir(format!("/proc/{}/task", d.pid()))
+    let watchdog: u32 = std::fs::read_dir(format!("/proc/{daemon}/task"))
         .unwrap()
-        .map(|t| t.unwrap().path().display().to_string())
+        .map(|t| t.unwrap().path())
         .find(|t| {
-            std::fs::read_to_string(format!("{t}/comm"))
-                .is_ok_and(|c| c.trim() == "stallscope-watc")
+            std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.trim() == "stallscope-watc")
         })
+        .and_then(|t| t.file_name()?.to_str()?.parse().ok())
         .expect("the daemon's watchdog thread");
-    assert_eq!(policy(&watchdog), libc::SCHED_FIFO as u32);
+    assert_eq!(policy(watchdog), fifo);
     // Outside deep dives only the four scheduler hooks are attached: the syscall hooks,
     // which every syscall on the node would run, attach for deep dives.
     assert_eq!(bpf_links(d.pid()), 4, "links held by the daemon");
