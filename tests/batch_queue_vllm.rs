@@ -203,7 +203,9 @@ fn batch_queue_iterations_match_vllms_log_and_a_hog_alerts() {
     let t = Instant::now();
     // The highest moving mean of the error and its threshold seen meanwhile, should no alert come.
     let mut highest = (0.0f64, 0.0f64);
+    let mut polls = 0;
     while alerts(&daemon) <= before {
+        polls += 1;
         let m = daemon.get("/metrics");
         let mean = metric(&m, "stallscope_prediction_error_moving_mean_ratio");
         if mean > highest.0 {
@@ -211,7 +213,7 @@ fn batch_queue_iterations_match_vllms_log_and_a_hog_alerts() {
         }
         assert!(
             t.elapsed() < Duration::from_secs(60),
-            "no alert under a CPU hog on CPUs {cpus} ({spin_ms:.1} ms spins) within 60 s: the moving mean of the error reached {:.3} (UCL {:.3}); vLLM steps per second meanwhile: {:?}\nstatus: {}\ndaemon log:\n{}",
+            "no alert under a CPU hog on CPUs {cpus} ({spin_ms:.1} ms spins) within 60 s ({before} before it): the moving mean of the error reached {:.3} (UCL {:.3}) over {polls} polls of the metrics; vLLM steps per second meanwhile: {:?}\nstatus: {}\ndaemon log:\n{}",
             highest.0,
             highest.1,
             steps_per_second(&log_path, 60),
@@ -222,9 +224,11 @@ fn batch_queue_iterations_match_vllms_log_and_a_hog_alerts() {
     }
     let lag = t.elapsed();
     drop(hog);
+    let learned = daemon.engine().unwrap()["unseen_batch_iterations"].clone();
     let alert =
         serde_json::from_str::<Value>(&daemon.get("/api/v1/alerts")).unwrap()[before].clone();
     println!("| alerts before the hog, after the fit | {before} |");
+    println!("| decode iterations learned, not judged (a batch size the model had not seen) | {learned} |");
     println!(
         "| first alert after a hog on CPUs {cpus} ({spin_ms:.1} ms spins, 2/3 duty) started | {:.1} s |",
         lag.as_secs_f64()

@@ -124,6 +124,10 @@ pub struct Baseline {
     /// [`Baseline::predict`]); none when there were none (and in models saved before it).
     #[serde(default)]
     pub empty_step_us: Option<f64>,
+    /// The smallest and largest batch of the training samples; none in models saved before
+    /// it (then every batch counts as covered).
+    #[serde(default)]
+    pub batch_range: Option<(f64, f64)>,
     /// The regressor laid out for prediction (built from `gbdt` when fitted or read; empty
     /// when it cannot be: then `gbdt` is walked).
     #[serde(skip)]
@@ -147,6 +151,13 @@ fn predicted(empty_step_us: Option<f64>, w: &Workload, regressor: impl FnOnce() 
     }
 }
 
+/// The smallest and largest batch among `samples`.
+fn batch_range(samples: &[Sample]) -> Option<(f64, f64)> {
+    samples.iter().map(|s| s.workload.batch).fold(None, |r, b| {
+        Some(r.map_or((b, b), |(lo, hi): (f64, f64)| (lo.min(b), hi.max(b))))
+    })
+}
+
 /// The median duration of the samples that computed no token.
 fn empty_step_us(samples: &[Sample]) -> Option<f64> {
     let mut d: Vec<f64> = samples
@@ -168,7 +179,10 @@ fn fit_gbdt(samples: &[Sample], params: &GbdtParams) -> Result<Gbdt, ModelError>
 }
 
 impl Baseline {
-    /// Fits the regressor on every sample and the UCL on its out-of-fold errors.
+    /// Fits the regressor on every sample and the UCL on its out-of-fold errors: those of
+    /// the samples whose batch size the other folds cover (all, when none is), as the
+    /// sentinel judges only batch sizes its model saw
+    /// ([`crate::SentinelParams::learn_unseen_batches`]).
     pub fn fit(
         samples: &[Sample],
         params: &BaselineParams,
@@ -182,6 +196,7 @@ impl Baseline {
             )));
         }
         let mut oof = vec![0.0; samples.len()];
+        let mut covered = vec![true; samples.len()];
         for f in 0..folds {
             let (lo, hi) = (f * samples.len() / folds, (f + 1) * samples.len() / folds);
             let train: Vec<Sample> = samples[..lo]
@@ -190,16 +205,21 @@ impl Baseline {
                 .copied()
                 .collect();
             let (m, empty) = (fit_gbdt(&train, &params.gbdt)?, empty_step_us(&train));
+            let range = batch_range(&train);
             for i in lo..hi {
                 let w = &samples[i].workload;
                 oof[i] = predicted(empty, w, || m.predict(&w.features()));
+                covered[i] = range.is_none_or(|(lo, hi)| (lo..=hi).contains(&w.batch));
             }
         }
         let actual: Vec<f64> = samples.iter().map(|s| s.duration_us).collect();
+        let any_covered = covered.contains(&true);
         let errors: Vec<f64> = actual
             .iter()
             .zip(&oof)
-            .map(|(&a, &p)| positive_error(a, p, params.epsilon_us))
+            .zip(&covered)
+            .filter(|(_, &c)| c || !any_covered)
+            .map(|((&a, &p), _)| positive_error(a, p, params.epsilon_us))
             .collect();
         let n = errors.len() as f64;
         let mean = errors.iter().sum::<f64>() / n;
@@ -222,6 +242,7 @@ impl Baseline {
             },
             gbdt: fit_gbdt(samples, &params.gbdt)?,
             empty_step_us: empty_step_us(samples),
+            batch_range: batch_range(samples),
             compiled: Compiled::default(),
         }
         .compiled())
@@ -247,6 +268,14 @@ impl Baseline {
                 self.compiled.predict(&w.features())
             }
         })
+    }
+
+    /// Whether iterations of `batch` requests were among the training samples' range. A tree
+    /// ensemble does not extrapolate: outside it, a batch is predicted as the nearest one it
+    /// saw, however much longer or shorter it takes.
+    pub fn covers_batch(&self, batch: f64) -> bool {
+        self.batch_range
+            .is_none_or(|(lo, hi)| (lo..=hi).contains(&batch))
     }
 
     /// The model as JSON.

@@ -38,6 +38,10 @@ pub struct SentinelParams {
     pub recalibrate_over: usize,
     /// Bound of that scale: within `[1/(1+max), 1+max]`.
     pub recalibrate_max: f64,
+    /// While no alert is open, an iteration of a batch size outside the range the model was
+    /// fitted on is not judged but learned (a tree ensemble predicts it as the nearest batch
+    /// it saw), and a refit is due once this many have been (0: judge every batch size).
+    pub learn_unseen_batches: usize,
 }
 
 impl Default for SentinelParams {
@@ -51,6 +55,7 @@ impl Default for SentinelParams {
             alert_on_prefill: false,
             recalibrate_over: 0,
             recalibrate_max: 0.2,
+            learn_unseen_batches: 100,
         }
     }
 }
@@ -91,6 +96,9 @@ pub struct Verdict {
     pub alert_started: bool,
     /// An alert ended with this iteration.
     pub alert_ended: bool,
+    /// Not judged: its batch size is outside the model's training range (see
+    /// [`SentinelParams::learn_unseen_batches`]); it is learned instead.
+    pub unseen_batch: bool,
 }
 
 /// Where the model stands.
@@ -113,12 +121,14 @@ pub struct Sentinel {
     baseline: Option<Baseline>,
     detector: Detector,
     training: VecDeque<Sample>,
-    /// Recent healthy samples (with the model's uncalibrated prediction) held back for one
-    /// window: if an alert starts, they were probably already abnormal and never reach the
-    /// training set or the recalibration.
-    pending: VecDeque<(Sample, f64, u64)>,
+    /// Recent healthy samples (with the model's uncalibrated prediction, none for an unseen
+    /// batch size) held back for one window: if an alert starts, they were probably already
+    /// abnormal and never reach the training set or the recalibration.
+    pending: VecDeque<(Sample, Option<f64>, u64)>,
     recalibration: Recalibration,
     since_fit: usize,
+    /// Iterations of an unseen batch size since the last fit started.
+    unseen_since_fit: usize,
     /// Samples the current model was fitted on.
     fitted_on: usize,
     fitting: bool,
@@ -141,6 +151,7 @@ impl Sentinel {
             pending: VecDeque::new(),
             recalibration: Recalibration::new(params.recalibrate_over, params.recalibrate_max),
             since_fit: 0,
+            unseen_since_fit: 0,
             fitting: false,
         }
     }
@@ -167,6 +178,18 @@ impl Sentinel {
             return Verdict::default();
         };
         let raw = b.predict(&it.workload);
+        // An open alert keeps judging them: it can only end on verdicts.
+        let unseen = self.params.learn_unseen_batches > 0
+            && !self.detector.active()
+            && !b.covers_batch(it.workload.batch);
+        if unseen {
+            self.unseen_since_fit += 1;
+            self.hold_back(sample, None, it.end_ns);
+            return Verdict {
+                unseen_batch: true,
+                ..Verdict::default()
+            };
+        }
         let predicted = raw * self.recalibration.factor();
         let error = positive_error(sample.duration_us, predicted, b.epsilon_us);
         let ucl = b.ucl.limit;
@@ -175,14 +198,7 @@ impl Sentinel {
             self.pending.clear();
         }
         if !self.detector.active() {
-            self.pending.push_back((sample, raw, it.end_ns));
-            while self.pending.front().is_some_and(|(_, _, first)| {
-                !self.detector.holds(*first, it.end_ns, self.pending.len())
-            }) {
-                let (s, raw, _) = self.pending.pop_front().expect("non-empty");
-                self.recalibration.push(s.duration_us, raw);
-                self.add_training(s);
-            }
+            self.hold_back(sample, Some(raw), it.end_ns);
         }
         Verdict {
             predicted_us: Some(predicted),
@@ -191,6 +207,25 @@ impl Sentinel {
             ucl: Some(self.params.detector.threshold(ucl)),
             alert_started: t == Transition::Started,
             alert_ended: t == Transition::Ended,
+            unseen_batch: false,
+        }
+    }
+
+    /// Holds a healthy sample (with the model's uncalibrated prediction `raw`) back for one
+    /// window, and passes on those older than that to the training set and, where the model
+    /// judged them, to the recalibration.
+    fn hold_back(&mut self, sample: Sample, raw: Option<f64>, end_ns: u64) {
+        self.pending.push_back((sample, raw, end_ns));
+        while self
+            .pending
+            .front()
+            .is_some_and(|(_, _, first)| !self.detector.holds(*first, end_ns, self.pending.len()))
+        {
+            let (s, raw, _) = self.pending.pop_front().expect("non-empty");
+            if let Some(raw) = raw {
+                self.recalibration.push(s.duration_us, raw);
+            }
+            self.add_training(s);
         }
     }
 
@@ -210,9 +245,13 @@ impl Sentinel {
         if self.fitting || self.detector.active() {
             return false;
         }
+        let learn = self.params.learn_unseen_batches;
         match self.baseline {
             None => self.training.len() >= self.params.warmup_samples,
-            Some(_) => self.params.refit_every > 0 && self.since_fit >= self.next_refit(),
+            Some(_) => {
+                (self.params.refit_every > 0 && self.since_fit >= self.next_refit())
+                    || (learn > 0 && self.unseen_since_fit >= learn)
+            }
         }
     }
 
@@ -226,6 +265,7 @@ impl Sentinel {
     pub fn take_training(&mut self) -> Vec<Sample> {
         self.fitting = true;
         self.since_fit = 0;
+        self.unseen_since_fit = 0;
         self.fitted_on = self.training.len();
         self.training.iter().copied().collect()
     }
@@ -401,6 +441,87 @@ mod tests {
         let b = s.baseline().unwrap().clone();
         let loaded = Sentinel::new(params, fp(), Some(b));
         assert_eq!(loaded.next_refit(), 500);
+    }
+
+    /// A pipelined engine's two step modes: batches of 1-7 spread over the stages, and one
+    /// batch of 8 waiting for both, twice as long as the spread steps' trend says.
+    #[test]
+    fn a_batch_size_the_model_never_saw_is_learned_not_alerted_on() {
+        // These durations have no noise: the UCL's floor stands for it.
+        let params = SentinelParams {
+            warmup_samples: 300,
+            refit_every: 0,
+            learn_unseen_batches: 60,
+            baseline: BaselineParams {
+                theta_min: 0.15,
+                ..BaselineParams::default()
+            },
+            ..SentinelParams::default()
+        };
+        let mut s = Sentinel::new(params, fp(), None);
+        let mut t = 0;
+        let mut next = |batch: f64, slow: f64, s: &mut Sentinel| {
+            t += 30_000_000;
+            s.observe(&it(t, batch, 400.0, slow))
+        };
+        for i in 0..300u64 {
+            next((1 + i % 7) as f64, 1.0, &mut s);
+        }
+        let data = s.take_training();
+        s.install(Baseline::fit(&data, &params.baseline, fp()).unwrap());
+        // The one-batch mode: not judged, learned; the refit is due after 60 of them.
+        for i in 0..60 {
+            assert!(!s.fit_due(), "refit due after {i} unseen iterations");
+            let v = next(8.0, 2.0, &mut s);
+            assert!(v.unseen_batch && v.predicted_us.is_none(), "{v:?}");
+        }
+        assert!(s.fit_due());
+        assert!(!s.alerting());
+        // Held back for one window (10 iterations), then in the training set.
+        let data = s.take_training();
+        assert_eq!(data.len(), 300 + 50);
+        s.install(Baseline::fit(&data, &params.baseline, fp()).unwrap());
+        // The refit's UCL leaves out the out-of-fold errors of batch 8: the folds before the
+        // last never saw it, as the first model never judged it.
+        assert_eq!(s.baseline().unwrap().ucl.limit, 0.15);
+        // Now judged, at its own pace: no alert; slowed by half, an alert.
+        let calm = (0..100).map(|_| next(8.0, 2.0, &mut s)).collect::<Vec<_>>();
+        assert!(calm
+            .iter()
+            .all(|v| !v.unseen_batch && v.predicted_us.is_some()));
+        assert!(!s.alerting(), "{:?}", calm.last());
+        let slowed = (0..20).map(|_| next(8.0, 3.0, &mut s)).collect::<Vec<_>>();
+        assert!(
+            slowed.iter().any(|v| v.alert_started),
+            "{:?}",
+            slowed.last()
+        );
+        // An open alert judges every batch size: it ends on verdicts.
+        let v = next(9.0, 1.0, &mut s);
+        assert!(!v.unseen_batch && v.predicted_us.is_some(), "{v:?}");
+        let ended = (0..40).any(|_| next(9.0, 1.0, &mut s).alert_ended);
+        assert!(ended && !s.alerting());
+        // Once it has ended, a batch past the range is learned again.
+        assert!(next(9.0, 1.0, &mut s).unseen_batch);
+    }
+
+    /// Judging every batch size (0) is the old rule: the nearest batch's prediction.
+    #[test]
+    fn learn_unseen_batches_0_judges_every_batch_size() {
+        let params = SentinelParams {
+            warmup_samples: 100,
+            refit_every: 0,
+            learn_unseen_batches: 0,
+            ..SentinelParams::default()
+        };
+        let mut s = Sentinel::new(params, fp(), None);
+        for i in 0..100u64 {
+            s.observe(&it(i * 30_000_000, (1 + i % 4) as f64, 400.0, 1.0));
+        }
+        let data = s.take_training();
+        s.install(Baseline::fit(&data, &params.baseline, fp()).unwrap());
+        let v = s.observe(&it(4_000_000_000, 8.0, 400.0, 1.0));
+        assert!(!v.unseen_batch && v.predicted_us.is_some(), "{v:?}");
     }
 
     #[test]

@@ -481,6 +481,10 @@ pub struct SentinelConfig {
     /// Bound of that scale.
     #[serde(default = "recalibrate_max")]
     pub recalibrate_max: f64,
+    /// Iterations of a batch size the model was not fitted on that are learned, not judged,
+    /// before a refit takes them in (0: judge every batch size; absent: 100).
+    #[serde(default = "learn_unseen_batches")]
+    pub learn_unseen_batches: usize,
     /// Keep the GPU plane attached to engine processes with CUPTI loaded, for per-iteration
     /// GPU busy time, launch latency and void share (absent: on).
     #[serde(default = "on")]
@@ -497,6 +501,10 @@ fn one() -> f64 {
 
 fn recalibrate_max() -> f64 {
     0.2
+}
+
+fn learn_unseen_batches() -> usize {
+    100
 }
 
 fn verdict_priority() -> u8 {
@@ -544,6 +552,7 @@ impl SentinelConfig {
             alert_on_prefill: self.alert_on_prefill,
             recalibrate_over: self.recalibrate_over,
             recalibrate_max: self.recalibrate_max,
+            learn_unseen_batches: self.learn_unseen_batches,
         }
     }
 }

@@ -45,6 +45,9 @@ pub struct EngineStatus {
     pub recalibration: Option<f64>,
     /// Iterations by stage.
     pub iterations: BTreeMap<String, u64>,
+    /// Decode iterations learned instead of judged: their batch size was outside the model's
+    /// training range.
+    pub unseen_batch_iterations: u64,
     /// Probe records lost.
     pub lost_records: u64,
     /// Whether an alert is open.

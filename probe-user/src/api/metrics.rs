@@ -73,6 +73,8 @@ pub struct Metrics {
     pub error_mean: GaugeVec,
     /// The UCL in force.
     pub ucl: GaugeVec,
+    /// Modelled iterations not judged, by reason (`unseen_batch`).
+    pub unjudged: IntCounterVec,
     /// Alerts raised.
     pub alerts: IntCounterVec,
     /// 1 while an alert is open.
@@ -165,6 +167,7 @@ impl Metrics {
             error: reg(r, GaugeVec::new(opts("prediction_error_ratio", "Positive prediction error E = max(0, (y - yhat)/(y + eps)) of the last modelled iteration"), pid).unwrap()),
             error_mean: reg(r, GaugeVec::new(opts("prediction_error_moving_mean_ratio", "Moving mean of E over the detector window"), pid).unwrap()),
             ucl: reg(r, GaugeVec::new(opts("ucl_ratio", "Upper control limit of the moving mean of E"), pid).unwrap()),
+            unjudged: reg(r, IntCounterVec::new(opts("iterations_unjudged_total", "Modelled iterations the sentinel learned instead of judging (reason unseen_batch: a batch size outside the model's training range, while no alert was open)"), &process_and(&["reason"])).unwrap()),
             alerts: reg(r, IntCounterVec::new(opts("alerts_total", "Alerts raised"), pid).unwrap()),
             anomaly_active: reg(r, IntGaugeVec::new(opts("anomaly_active", "1 while an alert is open"), pid).unwrap()),
             model_state: reg(r, IntGaugeVec::new(opts("model_state", "1 for the baseline model's current state"), &process_and(&["state"])).unwrap()),
@@ -286,6 +289,9 @@ impl Metrics {
             let _ = g.remove_label_values(&pid);
         }
         let _ = self.alerts.remove_label_values(&pid);
+        let _ = self
+            .unjudged
+            .remove_label_values(&p.with(&["unseen_batch"]));
         let _ = self.lost_records.remove_label_values(&pid);
         let _ = self.ring_resyncs.remove_label_values(&pid);
         for h in [&self.gpu_busy, &self.gpu_void, &self.gpu_launch] {

@@ -44,7 +44,7 @@ pub fn replay(a: &ReplayArgs) -> Result<()> {
     let mut s = Sentinel::new(params, fingerprint.clone(), None);
     let (mut fits, mut alerts) = (Vec::new(), Vec::new());
     let mut open: Option<usize> = None;
-    let (mut modelled, mut flagged) = (0usize, 0usize);
+    let (mut modelled, mut flagged, mut unseen) = (0usize, 0usize, 0usize);
     for (i, r) in rows.iter().enumerate() {
         let start_ns = (r.start_us.expect("checked") * 1e3) as u64;
         let duration_ns = (r.duration_us.expect("checked") * 1e3) as u64;
@@ -58,6 +58,7 @@ pub fn replay(a: &ReplayArgs) -> Result<()> {
         if v.predicted_us.is_some() {
             modelled += 1;
         }
+        unseen += usize::from(v.unseen_batch);
         if v.alert_started {
             alerts.push(json!({
                 "row": i,
@@ -102,6 +103,7 @@ pub fn replay(a: &ReplayArgs) -> Result<()> {
         "rows": rows.len(),
         "modelled": modelled,
         "flagged": flagged,
+        "unseen_batch": unseen,
         "fits": fits,
         "alerts": alerts,
     });
