@@ -335,7 +335,7 @@ fn memory_fragmentation_churns_the_allocator() {
 }
 
 #[test]
-fn io_contention_writes_and_syncs_then_removes_its_files() {
+fn io_contention_writes_syncs_pages_the_engine_out_then_removes_its_files() {
     require_root();
     let dir = tmpdir("inject-io");
     let v = Victim::start(&dir);
@@ -372,6 +372,12 @@ fn io_contention_writes_and_syncs_then_removes_its_files() {
         "no scratch file in the engine's directory: {report}"
     );
     assert!(written > 1 << 20, "{written} bytes written: {report}");
+    // The victim's file-backed pages were paged out while the writers held the disk.
+    let paged = report
+        .split_once("paged out ")
+        .and_then(|(_, r)| r.split_once(" times (")?.1.split_once(" MiB advised)"))
+        .map(|(mib, _)| mib.parse::<u64>().unwrap());
+    assert!(paged.is_some_and(|mib| mib > 0), "no page-out: {report}");
     assert_eq!(scratch(&dir), 0, "scratch files left behind");
     let c = inject("io-contention", Some(v.pid()), None, "60s", &[]);
     terminate(c, Duration::from_secs(1));

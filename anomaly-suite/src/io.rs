@@ -1,15 +1,19 @@
-//! I/O contention: fsync-heavy writers on the engine's filesystem.
+//! I/O contention: fsync-heavy writers hold the engine's disk while its file-backed pages are
+//! paged out, so that it reads them back through the busy disk. An engine that does no disk
+//! I/O of its own while it runs (vLLM decoding: weights and code in memory, log lines into the
+//! page cache) meets a busy disk this way in production: its code pages, evicted by the
+//! kernel's reclaim, come back from a disk queue full of other writers' flushes.
 
 use std::{
     io::{Seek, Write},
     path::PathBuf,
     sync::atomic::{AtomicBool, AtomicU64, Ordering},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
 
-use crate::{threads, Params};
+use crate::{reclaim::Reclaim, threads, Params};
 
 /// Largest write between fsyncs.
 const MAX_CHUNK: usize = 4 << 20;
@@ -26,7 +30,8 @@ impl Drop for Scratch {
 }
 
 /// 1 + 3·intensity writers, each writing `intensity` × 4 MiB and fsyncing, in a loop, into
-/// a scratch file in the engine's working directory (its filesystem), removed after.
+/// a scratch file in the engine's working directory (its filesystem), removed after; and the
+/// engine's file-backed pages paged out `intensity` × 10 times a second ([`Reclaim`]).
 pub fn contention(p: &Params, stop: &AtomicBool) -> Result<String> {
     let pid = p.pid.expect("checked by Scenario::run");
     let cwd = std::fs::read_link(format!("/proc/{pid}/cwd"))
@@ -52,7 +57,43 @@ pub fn contention(p: &Params, stop: &AtomicBool) -> Result<String> {
     let deadline = Instant::now() + p.duration;
     let syncs = AtomicU64::new(0);
     let failed = std::sync::Mutex::new(None);
-    threads(writers, deadline, stop, |i, deadline, stop| {
+    let reclaim = Reclaim::open(pid);
+    let reclaim_every = Duration::from_secs_f64(0.1 / p.intensity.max(0.01));
+    let (mut paged_out, mut passes) = (0u64, 0u64);
+    std::thread::scope(|scope| {
+        scope.spawn(|| write_and_sync(&files, chunk, deadline, stop, &syncs, &failed));
+        while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+            paged_out += reclaim.pass(deadline).0;
+            passes += 1;
+            std::thread::sleep(
+                reclaim_every.min(deadline.saturating_duration_since(Instant::now())),
+            );
+        }
+    });
+    drop(files);
+    if let Some(e) = failed.into_inner().expect("lock") {
+        anyhow::bail!("cannot write the scratch file {e}");
+    }
+    Ok(format!(
+        "{writers} writers of {} KiB + fdatasync in {} ({} syncs), files removed; the file-backed pages of the engine's {} processes paged out {passes} times ({} MiB advised)",
+        chunk >> 10,
+        dir.display(),
+        syncs.into_inner(),
+        reclaim.processes(),
+        paged_out >> 20
+    ))
+}
+
+/// Each of `files`' writers writes `chunk` bytes and fdatasyncs, in a loop, until `deadline`.
+fn write_and_sync(
+    files: &[Scratch],
+    chunk: usize,
+    deadline: Instant,
+    stop: &AtomicBool,
+    syncs: &AtomicU64,
+    failed: &std::sync::Mutex<Option<String>>,
+) {
+    threads(files.len(), deadline, stop, |i, deadline, stop| {
         let data = vec![0x5au8; chunk];
         let mut f = match std::fs::File::create(&files[i].0) {
             Ok(f) => f,
@@ -71,14 +112,4 @@ pub fn contention(p: &Params, stop: &AtomicBool) -> Result<String> {
             }
         }
     });
-    drop(files);
-    if let Some(e) = failed.into_inner().expect("lock") {
-        anyhow::bail!("cannot write the scratch file {e}");
-    }
-    Ok(format!(
-        "{writers} writers of {} KiB + fdatasync in {} ({} syncs), files removed",
-        chunk >> 10,
-        dir.display(),
-        syncs.into_inner()
-    ))
 }

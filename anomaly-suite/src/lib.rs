@@ -21,6 +21,7 @@ pub mod memory;
 pub mod network;
 pub mod pause;
 pub mod python;
+pub mod reclaim;
 pub mod score;
 
 /// What to inject into.
@@ -126,8 +127,8 @@ pub const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "io-contention",
-        stresses: "storage: an fsync-heavy writer on the engine's filesystem",
-        intensity: "write size per fsync (0..1 of 4 MiB) and writer count",
+        stresses: "storage: fsync-heavy writers on the engine's filesystem while its file-backed pages are paged out, so it reads them back through the busy disk",
+        intensity: "write size per fsync (0..1 of 4 MiB), writer count, and page-outs per second (0..1 of 10)",
         cause: Some(IO),
         needs_pid: true,
         run: io::contention,

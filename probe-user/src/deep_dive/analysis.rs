@@ -210,22 +210,39 @@ pub struct Report {
 /// Memory series whose rise means reclaim is taking the engine's pages.
 const RECLAIM_SERIES: [&str; 3] = ["vm.pgmajfault", "psi.memory.some", "psi.memory.full"];
 
-/// Category of a suspect from its resource (or its kind). Blocked (D) time while reclaim is
-/// under way (major faults or PSI memory up by [`SIGNIFICANT_Z`]) is memory pressure even
-/// when PSI io moved more: the engine is reading back the pages reclaim took, and disk
-/// contention alone does not make resident pages fault.
+/// Category of a suspect from its resource (or its kind). Blocked (D) time is the engine
+/// reading pages back (its file-backed pages, taken by reclaim) or waiting on the disk: it is
+/// memory pressure when memory ran short (`mem.used` up by [`SIGNIFICANT_Z`]; without that
+/// series, when major faults or PSI memory rose), and I/O contention when memory did not
+/// while PSI io rose: then the pages come back slowly because the disk is busy, not because
+/// memory is short.
 pub fn category(s: &Suspect, telemetry: &[SeriesShift]) -> String {
-    let reclaim = || {
+    let rose = |names: &[&str]| {
         telemetry
             .iter()
-            .any(|t| RECLAIM_SERIES.contains(&t.name.as_str()) && t.z >= SIGNIFICANT_Z)
+            .any(|t| names.contains(&t.name.as_str()) && t.z >= SIGNIFICANT_Z)
     };
+    let memory_short = || {
+        if telemetry.iter().any(|t| t.name == "mem.used") {
+            rose(&["mem.used"])
+        } else {
+            rose(&RECLAIM_SERIES)
+        }
+    };
+    let storage =
+        |r: &str| r.starts_with("psi.memory") || r.starts_with("vm.") || r.starts_with("psi.io");
     match s.resource.as_deref() {
         Some(r) if r.starts_with("psi.cpu") || r.starts_with("cpu") => "CPU contention".into(),
-        Some(r) if r.starts_with("psi.memory") || r.starts_with("vm.") => "memory pressure".into(),
-        Some(r) if r.starts_with("psi.io") && s.kind == EventKind::ThreadState && reclaim() => {
-            "memory pressure".into()
+        Some(r) if s.kind == EventKind::ThreadState && storage(r) => {
+            if memory_short() {
+                "memory pressure".into()
+            } else if rose(&["psi.io.some", "psi.io.full"]) || r.starts_with("psi.io") {
+                "I/O contention".into()
+            } else {
+                "memory pressure".into()
+            }
         }
+        Some(r) if r.starts_with("psi.memory") || r.starts_with("vm.") => "memory pressure".into(),
         Some(r) if r.starts_with("psi.io") => "I/O contention".into(),
         _ => match s.kind {
             EventKind::Python => format!("slower Python function {}", s.name),
@@ -575,8 +592,10 @@ mod tests {
         assert_eq!(parse_state_event("runnable"), None);
     }
 
+    /// Blocked (D) time: memory pressure when memory ran short, I/O contention when only the
+    /// disk got busier; without `mem.used`, major faults or PSI memory stand for reclaim.
     #[test]
-    fn blocked_time_during_reclaim_is_memory_pressure_even_when_io_moved_more() {
+    fn blocked_time_is_memory_pressure_when_memory_ran_short_else_io() {
         let suspect = |kind| Suspect {
             name: "blocked (D) VLLM::Worker".into(),
             kind,
@@ -599,6 +618,29 @@ mod tests {
         let blocked = suspect(EventKind::ThreadState);
         assert_eq!(category(&blocked, &io_only), "I/O contention");
         assert_eq!(category(&blocked, &reclaim), "memory pressure");
+        // With the memory in use sampled: the same faults over a busy disk are I/O unless
+        // memory ran short.
+        let (used, short) = (shift("mem.used", 0.3), shift("mem.used", 6.0));
+        let faults_over_busy_disk = [reclaim[0].clone(), reclaim[1].clone(), used];
+        let faults_in_short_memory = [reclaim[0].clone(), reclaim[1].clone(), short];
+        assert_eq!(category(&blocked, &faults_over_busy_disk), "I/O contention");
+        assert_eq!(
+            category(&blocked, &faults_in_short_memory),
+            "memory pressure"
+        );
+        // Whichever series gave the suspect's resource.
+        let by_faults = Suspect {
+            resource: Some("vm.pgmajfault".into()),
+            ..blocked.clone()
+        };
+        assert_eq!(
+            category(&by_faults, &faults_over_busy_disk),
+            "I/O contention"
+        );
+        assert_eq!(
+            category(&by_faults, &faults_in_short_memory),
+            "memory pressure"
+        );
         // A read syscall under disk contention stays I/O.
         assert_eq!(
             category(&suspect(EventKind::Syscall), &reclaim),

@@ -86,7 +86,8 @@ struct Raw {
     vmstat: BTreeMap<&'static str, u64>,
 }
 
-const MEMINFO: [(&str, &str); 4] = [
+const MEMINFO: [(&str, &str); 5] = [
+    ("MemTotal:", "mem.total"),
     ("MemAvailable:", "mem.available"),
     ("Dirty:", "mem.dirty"),
     ("Writeback:", "mem.writeback"),
@@ -226,8 +227,19 @@ impl Raw {
                 put(format!("psi.{res}.full"), "%", pct(*f, *f0));
             }
         }
-        for (name, kb) in &self.meminfo {
+        for (name, kb) in self.meminfo.iter().filter(|(n, _)| **n != "mem.total") {
             put((*name).to_string(), "MiB", *kb as f64 / 1024.0);
+        }
+        // Memory in use (not available) as a share of all: what tells memory running short
+        // from pages that are only read back slowly (deep_dive::analysis::category).
+        if let (Some(&total), Some(&available)) = (
+            self.meminfo.get("mem.total"),
+            self.meminfo.get("mem.available"),
+        ) {
+            if total > 0 {
+                let used = total.saturating_sub(available) as f64 / total as f64;
+                put("mem.used".into(), "%", 100.0 * used);
+            }
         }
         for (name, v) in &self.vmstat {
             if let Some(v0) = prev.vmstat.get(name) {
@@ -261,5 +273,8 @@ mod tests {
         assert!(util > 20.0 && util <= 100.0, "cpu.util {util}");
         assert!(t.series["mem.available"].points[0].1 > 0.0);
         assert!(t.series.contains_key("psi.cpu.some"));
+        let used = t.series["mem.used"].points[0].1;
+        assert!(used > 0.0 && used < 100.0, "{used}");
+        assert!(!t.series.contains_key("mem.total"));
     }
 }
