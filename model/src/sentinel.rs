@@ -177,7 +177,6 @@ impl Sentinel {
             self.add_training(sample);
             return Verdict::default();
         };
-        let raw = b.predict(&it.workload);
         // An open alert keeps judging them: it can only end on verdicts.
         let unseen = self.params.learn_unseen_batches > 0
             && !self.detector.active()
@@ -190,6 +189,7 @@ impl Sentinel {
                 ..Verdict::default()
             };
         }
+        let raw = b.predict(&it.workload);
         let predicted = raw * self.recalibration.factor();
         let error = positive_error(sample.duration_us, predicted, b.epsilon_us);
         let ucl = b.ucl.limit;
