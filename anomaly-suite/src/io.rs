@@ -59,12 +59,14 @@ pub fn contention(p: &Params, stop: &AtomicBool) -> Result<String> {
     let failed = std::sync::Mutex::new(None);
     let reclaim = Reclaim::open(pid);
     let reclaim_every = Duration::from_secs_f64(0.1 / p.intensity.max(0.01));
-    let (mut paged_out, mut passes) = (0u64, 0u64);
+    let (mut paged_out, mut passes, mut reclaim_error) = (0u64, 0u64, None);
     std::thread::scope(|scope| {
         scope.spawn(|| write_and_sync(&files, chunk, deadline, stop, &syncs, &failed));
         while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-            paged_out += reclaim.pass(deadline).0;
+            let (n, e) = reclaim.pass(deadline);
+            paged_out += n;
             passes += 1;
+            reclaim_error = reclaim_error.take().or(e);
             std::thread::sleep(
                 reclaim_every.min(deadline.saturating_duration_since(Instant::now())),
             );
@@ -75,12 +77,13 @@ pub fn contention(p: &Params, stop: &AtomicBool) -> Result<String> {
         anyhow::bail!("cannot write the scratch file {e}");
     }
     Ok(format!(
-        "{writers} writers of {} KiB + fdatasync in {} ({} syncs), files removed; the file-backed pages of the engine's {} processes paged out {passes} times ({} MiB advised)",
+        "{writers} writers of {} KiB + fdatasync in {} ({} syncs), files removed; the file-backed pages of the engine's {} processes paged out {passes} times ({} MiB advised{})",
         chunk >> 10,
         dir.display(),
         syncs.into_inner(),
         reclaim.processes(),
-        paged_out >> 20
+        paged_out >> 20,
+        reclaim_error.map_or(String::new(), |e| format!(", process_madvise: {e}"))
     ))
 }
 

@@ -151,6 +151,11 @@ fn predicted(empty_step_us: Option<f64>, w: &Workload, regressor: impl FnOnce() 
     }
 }
 
+/// Whether `batch` is within `range` (no range: every batch is).
+fn covers(range: Option<(f64, f64)>, batch: f64) -> bool {
+    range.is_none_or(|(lo, hi)| (lo..=hi).contains(&batch))
+}
+
 /// The smallest and largest batch among `samples`.
 fn batch_range(samples: &[Sample]) -> Option<(f64, f64)> {
     samples.iter().map(|s| s.workload.batch).fold(None, |r, b| {
@@ -209,7 +214,7 @@ impl Baseline {
             for i in lo..hi {
                 let w = &samples[i].workload;
                 oof[i] = predicted(empty, w, || m.predict(&w.features()));
-                covered[i] = range.is_none_or(|(lo, hi)| (lo..=hi).contains(&w.batch));
+                covered[i] = covers(range, w.batch);
             }
         }
         let actual: Vec<f64> = samples.iter().map(|s| s.duration_us).collect();
@@ -274,8 +279,7 @@ impl Baseline {
     /// ensemble does not extrapolate: outside it, a batch is predicted as the nearest one it
     /// saw, however much longer or shorter it takes.
     pub fn covers_batch(&self, batch: f64) -> bool {
-        self.batch_range
-            .is_none_or(|(lo, hi)| (lo..=hi).contains(&batch))
+        covers(self.batch_range, batch)
     }
 
     /// The model as JSON.

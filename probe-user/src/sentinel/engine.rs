@@ -57,8 +57,6 @@ pub struct Engine {
     bell_after: Option<String>,
     /// Iterations by stage.
     counts: BTreeMap<String, u64>,
-    /// Iterations learned instead of judged (an unseen batch size).
-    unseen_batches: u64,
     /// Calls kept for a capture in progress (None: not tapped).
     tap: Option<Vec<Call>>,
     /// Since when the engine has been healthy (see [`Engine::healthy`]).
@@ -157,7 +155,6 @@ impl Engine {
             bell_seen: 0,
             bell_after,
             counts: BTreeMap::new(),
-            unseen_batches: 0,
             tap: None,
             healthy_since: None,
             status_at: Instant::now() - STATUS_PERIOD,
@@ -241,7 +238,6 @@ impl Engine {
         let decided_ns = monotonic_ns();
         let pid = self.labels.with(&[]);
         if v.unseen_batch {
-            self.unseen_batches += 1;
             m.unjudged
                 .with_label_values(&self.labels.with(&["unseen_batch"]))
                 .inc();
@@ -355,9 +351,10 @@ impl Engine {
         let _ = m.alerts.with_label_values(&pid);
         let _ = m.lost_records.with_label_values(&pid);
         let _ = m.ring_resyncs.with_label_values(&pid);
-        let _ = m
+        let unseen_batches = m
             .unjudged
-            .with_label_values(&self.labels.with(&["unseen_batch"]));
+            .with_label_values(&self.labels.with(&["unseen_batch"]))
+            .get();
         m.engines
             .with_label_values(&self.labels.with(&[&self.framework]))
             .set(1);
@@ -378,7 +375,7 @@ impl Engine {
             ucl: b.map(|b| b.ucl.limit),
             recalibration: b.map(|_| self.sentinel.recalibration()),
             iterations: self.counts.clone(),
-            unseen_batch_iterations: self.unseen_batches,
+            unseen_batch_iterations: unseen_batches,
             lost_records: self.lost.total(),
             anomaly_active: self.sentinel.alerting(),
             gpu_plane: self.gpu.state().to_string(),
