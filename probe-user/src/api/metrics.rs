@@ -97,6 +97,8 @@ pub struct Metrics {
     pub verdict_latency: prometheus::Histogram,
     /// 1 when the loop thread waits for verdicts at a real-time priority.
     pub verdict_realtime: prometheus::IntGauge,
+    /// Wall time of each phase of the daemon's loop, by `phase`.
+    pub loop_phase: HistogramVec,
     /// GPU busy time inside each iteration (GPU plane).
     pub gpu_busy: HistogramVec,
     /// Share of each iteration in which the GPU ran nothing.
@@ -190,6 +192,19 @@ impl Metrics {
                 .unwrap(),
             ),
             verdict_realtime: reg(r, prometheus::IntGauge::with_opts(opts("verdict_realtime", "1 when the daemon's loop thread waits for and makes verdicts at SCHED_FIFO ([sentinel] verdict_priority), 0 at the normal policy")).unwrap()),
+            loop_phase: reg(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "loop_phase_seconds",
+                        "Wall time of each pass of the daemon's loop through a phase (rescan, sentinel, deep_dive, capture_start, capture_finish, accounting); an iteration that ends meanwhile waits for its verdict",
+                    )
+                    .namespace("stallscope")
+                    .buckets(exponential_buckets(25e-6, 2.0, 14).unwrap()),
+                    &["phase"],
+                )
+                .unwrap(),
+            ),
             gpu_busy: reg(
                 r,
                 HistogramVec::new(

@@ -5,21 +5,22 @@
 
 use std::{
     collections::BTreeMap,
-    sync::{atomic::Ordering, Arc, Mutex},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
 use anyhow::{Context, Result};
 use pod_identity::Identity;
 use probe_common::Event;
-use pyframe_tracer::{
-    sampling::{Sampler as StackSampler, ThreadStack},
-    Call,
-};
+use pyframe_tracer::{sampling::ThreadStack, Call};
 
 use crate::kernel_plane::drain::Drainer;
 use crate::{
-    deep_dive::telemetry::{self, Telemetry},
+    deep_dive::{
+        stacks::{self, Samples},
+        telemetry::{self, Telemetry},
+        tree::{self, Names},
+    },
     gpu_plane::{self, GpuEvent, GpuPlane},
     kernel_plane::KernelPlane,
     os::clock,
@@ -162,9 +163,6 @@ struct KernelStore {
     max: usize,
 }
 
-/// How often the target's process tree is rescanned for new processes and threads.
-const TREE_RESCAN: Duration = Duration::from_secs(1);
-
 /// Calls handed over by the caller ([`PythonSource::Fed`]).
 struct FedCalls {
     calls: Vec<Call>,
@@ -179,7 +177,8 @@ pub struct Running {
     opts: Options,
     /// Processes this capture added to the kernel plane's watch list (unwatched at the end).
     added: Vec<u32>,
-    tree_at: std::time::Instant,
+    /// Names the tree's processes and threads.
+    tree: Worker<Names>,
     fed: Option<FedCalls>,
     trigger_ns: u64,
     start_ns: u64,
@@ -187,12 +186,10 @@ pub struct Running {
     store: Arc<Mutex<KernelStore>>,
     drainer: Option<Drainer>,
     python: Option<PythonCapture>,
-    stacks: Option<StackThread>,
+    stacks: Option<Worker<Samples>>,
     telemetry: Option<Worker<Telemetry>>,
     gpu: Vec<GpuPlane>,
     gpu_events: BTreeMap<u32, Vec<GpuEvent>>,
-    processes: BTreeMap<u32, String>,
-    threads: BTreeMap<u32, ThreadInfo>,
     notes: Vec<String>,
     /// Set by [`Running::begin_stop`]: when the capture ended, and the kernel events lost in it.
     ended: Option<(u64, u64)>,
@@ -264,19 +261,29 @@ impl Running {
             ),
         };
         let stacks = (opts.sample_hz > 0.0)
-            .then(|| start_stack_sampler(pid, opts.sample_hz, &mut notes))
+            .then(|| match stacks::start(pid, opts.sample_hz) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    notes.push(format!(
+                        "no stack samples: cannot start the sampler's thread: {e}"
+                    ));
+                    None
+                }
+            })
             .flatten();
+        let tree = tree::start(pid, opts.identity.clone())
+            .context("starting the thread that names the capture's processes and threads")?;
         let gpu = if opts.gpu {
             attach_gpu(pid, &mut notes)
         } else {
             Vec::new()
         };
-        let mut r = Running {
+        Ok(Running {
             opts,
             trigger_ns,
             start_ns: clock::monotonic_ns(),
             added,
-            tree_at: std::time::Instant::now(),
+            tree,
             fed,
             lost_at_start,
             store,
@@ -286,13 +293,9 @@ impl Running {
             telemetry,
             gpu,
             gpu_events: BTreeMap::new(),
-            processes: BTreeMap::new(),
-            threads: BTreeMap::new(),
             notes,
             ended: None,
-        };
-        r.scan_tree();
-        Ok(r)
+        })
     }
 
     /// Takes Python calls of the target ([`PythonSource::Fed`] captures; ignored otherwise,
@@ -318,46 +321,13 @@ impl Running {
         }
     }
 
-    /// Moves Python records out of their ring and, every second, refreshes the process tree
-    /// and thread names; call every few tens of ms.
+    /// Moves Python records and GPU events out of their rings; call every few tens of ms.
     pub fn poll(&mut self) {
         if let Some(p) = self.python.as_mut() {
             p.poll();
         }
         for g in &mut self.gpu {
             g.poll(self.gpu_events.entry(g.pid()).or_default());
-        }
-        if self.tree_at.elapsed() >= TREE_RESCAN {
-            self.scan_tree();
-        }
-    }
-
-    fn scan_tree(&mut self) {
-        self.tree_at = std::time::Instant::now();
-        for p in procfs::process_tree(self.opts.pid) {
-            if !self.processes.contains_key(&p) {
-                if let Some(comm) = procfs::thread_comm(p, p) {
-                    let name = process_name(p, &comm, &self.opts.identity);
-                    self.processes.insert(p, name);
-                }
-            }
-            for tid in procfs::threads(p) {
-                if let Some(comm) = procfs::thread_comm(p, tid) {
-                    // A thread's name may change; its id in its namespace does not.
-                    let ns_tid = match self.threads.get(&tid) {
-                        Some(t) if t.pid == p => t.ns_tid,
-                        _ => pod_identity::tid_in_namespace(p, tid).filter(|&n| n != tid),
-                    };
-                    self.threads.insert(
-                        tid,
-                        ThreadInfo {
-                            pid: p,
-                            comm,
-                            ns_tid,
-                        },
-                    );
-                }
-            }
         }
     }
 
@@ -379,7 +349,6 @@ impl Running {
             return Ok(());
         }
         self.poll();
-        self.scan_tree();
         let end_ns = clock::monotonic_ns();
         let kernel_lost = plane.lost_events().saturating_sub(self.lost_at_start);
         self.ended = Some((end_ns, kernel_lost));
@@ -393,6 +362,7 @@ impl Running {
         if let Some(t) = &self.telemetry {
             t.request_stop();
         }
+        self.tree.request_stop();
         Ok(())
     }
 
@@ -403,6 +373,7 @@ impl Running {
             && self.drainer.as_ref().is_none_or(Drainer::is_finished)
             && self.stacks.as_ref().is_none_or(Worker::is_finished)
             && self.telemetry.as_ref().is_none_or(Worker::is_finished)
+            && self.tree.is_finished()
     }
 
     /// Stops every source (waiting for their threads), restores the target, and returns what
@@ -436,10 +407,12 @@ impl Running {
             }),
             (None, None) => None,
         };
-        let (stacks, stack_errors) = match self.stacks.take() {
+        let stacks = match self.stacks.take() {
             Some(s) => s.stop().unwrap_or_default(),
-            None => (Vec::new(), 0),
+            None => Samples::default(),
         };
+        self.notes.extend(stacks.unavailable);
+        let names = self.tree.stop().unwrap_or_default();
         let telemetry = self
             .telemetry
             .take()
@@ -481,37 +454,15 @@ impl Running {
             kernel_over_budget: store.over_budget,
             kernel_lost,
             python,
-            stacks,
-            stack_errors,
+            stacks: stacks.samples,
+            stack_errors: stacks.errors,
             telemetry,
             gpu: std::mem::take(&mut self.gpu_events),
-            processes: self.processes,
-            threads: self.threads,
+            processes: names.processes,
+            threads: names.threads,
             notes: self.notes,
         })
     }
-}
-
-/// A captured process's name: `comm`, its pid in its container, and its pod and container
-/// (those of the engine `engine` when it is in the engine's container).
-fn process_name(pid: u32, comm: &str, engine: &Identity) -> String {
-    let own = pod_identity::ids_of(pid);
-    let id = if own.container_id.is_some() && own.container_id == engine.container_id {
-        Identity {
-            pid_in_container: own.pid_in_container,
-            ..engine.clone()
-        }
-    } else {
-        own
-    };
-    let mut name = comm.to_string();
-    if let Some(n) = id.pid_in_container {
-        name += &format!(" (pid {n} in its container)");
-    }
-    if let Some(place) = id.short() {
-        name += &format!(" [{place}]");
-    }
-    name
 }
 
 /// Attaches the GPU plane to every process of the tree that has libcupti mapped (CUDA
@@ -527,38 +478,6 @@ fn attach_gpu(pid: u32, notes: &mut Vec<String>) -> Vec<GpuPlane> {
             Vec::new()
         }
     }
-}
-
-/// The stack sampler: (ns, stacks) samples and the count of failed ones.
-type StackThread = Worker<(Vec<(u64, Vec<ThreadStack>)>, u64)>;
-
-/// py-spy in non-blocking mode on its own thread (it never pauses the target).
-fn start_stack_sampler(pid: u32, hz: f64, notes: &mut Vec<String>) -> Option<StackThread> {
-    let mut sampler = match StackSampler::new(pid as i32) {
-        Ok(s) => s,
-        Err(e) => {
-            notes.push(format!("no stack samples: {e}"));
-            return None;
-        }
-    };
-    let period = Duration::from_secs_f64(1.0 / hz);
-    let worker = Worker::spawn("stallscope-stacks", move |stop| {
-        let mut out = Vec::new();
-        let mut errors = 0;
-        let mut next = std::time::Instant::now();
-        while !stop.load(Ordering::Acquire) {
-            let ts = clock::monotonic_ns();
-            match sampler.sample() {
-                Ok(s) => out.push((ts, s)),
-                Err(_) => errors += 1,
-            }
-            next += period;
-            std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
-        }
-        (out, errors)
-    })
-    .expect("spawning the stack sampler thread");
-    Some(worker)
 }
 
 #[cfg(test)]

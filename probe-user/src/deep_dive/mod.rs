@@ -10,6 +10,8 @@ pub mod job;
 pub mod output;
 pub mod registry;
 pub mod resources;
+pub mod stacks;
 pub mod telemetry;
 pub mod timeline;
 pub mod trace;
+pub mod tree;

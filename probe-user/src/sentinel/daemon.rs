@@ -94,8 +94,11 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         };
         Some(Uploader::start(&cfg.store, node.clone(), counters)?)
     };
-    let (mark, _watchdog) =
-        loop_watchdog::start(cfg.sentinel.poll_interval, cfg.sentinel.verdict_priority)?;
+    let (mark, _watchdog) = loop_watchdog::start(
+        cfg.sentinel.poll_interval,
+        cfg.sentinel.verdict_priority,
+        &shared.metrics.loop_phase,
+    )?;
     shared
         .metrics
         .verdict_realtime

@@ -21,6 +21,7 @@ use std::{
 };
 
 use log::warn;
+use prometheus::{Histogram, HistogramVec};
 
 use crate::os::{clock, sched::VerdictPriority};
 
@@ -63,18 +64,44 @@ impl Phase {
         }
     }
 
-    /// Whether the phase runs at the verdict priority: the verdicts' path (waiting for an
-    /// iteration's end, the sentinel, the per-pass look at the deep dives) and the daemon's
-    /// own bounded work (rescans, accounting: reads and writes in process, milliseconds a
-    /// second), which at the normal policy a saturated node has held up for minutes. Starting
-    /// and stopping a capture and detaching wait on the engine (ptrace, remote calls through a
-    /// helper process) and run at the normal policy.
+    /// Whether the phase runs at the verdict priority: every phase of a running daemon. The
+    /// verdicts' path (waiting for an iteration's end, the sentinel, the per-pass look at the
+    /// deep dives) needs it; the rest is the daemon's own bounded work (rescans, accounting,
+    /// starting and stopping a capture: in-process reads, map updates, hooks attached, threads
+    /// started or joined once they have finished; milliseconds), which at the normal policy a
+    /// saturated node has held up for minutes, and every iteration that ended meanwhile waited
+    /// for its verdict. What takes longer or much CPU runs on threads of its own at the
+    /// normal policy (a capture's py-spy setup, its process-tree names, its writer). Only
+    /// leaving, which detaches the probes and waits on the engine (remote calls through a
+    /// helper process), runs at the normal policy.
     fn realtime(self) -> bool {
-        !matches!(
-            self,
-            Phase::CaptureStart | Phase::CaptureFinish | Phase::Stopping
-        )
+        !matches!(self, Phase::Stopping)
     }
+
+    /// The phase's `phase` label in `stallscope_loop_phase_seconds`.
+    fn label(self) -> &'static str {
+        match self {
+            Phase::Rescan => "rescan",
+            Phase::Sentinel => "sentinel",
+            Phase::DeepDive => "deep_dive",
+            Phase::CaptureStart => "capture_start",
+            Phase::CaptureFinish => "capture_finish",
+            Phase::Accounting => "accounting",
+            Phase::Idle => "idle",
+            Phase::Stopping => "stopping",
+        }
+    }
+
+    const ALL: [Phase; 8] = [
+        Phase::Rescan,
+        Phase::Sentinel,
+        Phase::DeepDive,
+        Phase::CaptureStart,
+        Phase::CaptureFinish,
+        Phase::Accounting,
+        Phase::Idle,
+        Phase::Stopping,
+    ];
 
     fn from_u8(v: u8) -> Phase {
         match v {
@@ -90,11 +117,14 @@ impl Phase {
     }
 }
 
-/// The loop's side: marks phases (two relaxed stores), and sets the loop thread's scheduling
-/// policy for the phase (a syscall when it changes).
+/// The loop's side: marks phases (two relaxed stores), times the phase it leaves (the sleep
+/// between passes is not timed), and sets the loop thread's scheduling policy for the phase
+/// (a syscall when it changes).
 pub struct Marker {
     state: Arc<State>,
     priority: VerdictPriority,
+    /// Each phase's histogram, indexed by `Phase as u8`.
+    timing: Vec<Histogram>,
 }
 
 struct State {
@@ -109,10 +139,12 @@ struct State {
 impl Marker {
     /// Records that the loop entered `phase` now.
     pub fn enter(&self, phase: Phase) {
-        self.state.phase.store(phase as u8, Ordering::Relaxed);
-        self.state
-            .since_ns
-            .store(clock::monotonic_ns(), Ordering::Relaxed);
+        let now = clock::monotonic_ns();
+        let left = self.state.phase.swap(phase as u8, Ordering::Relaxed);
+        let since = self.state.since_ns.swap(now, Ordering::Relaxed);
+        if since != 0 && left != Phase::Idle as u8 {
+            self.timing[usize::from(left)].observe(now.saturating_sub(since) as f64 * 1e-9);
+        }
         if phase.realtime() {
             self.priority.raise();
         } else {
@@ -143,8 +175,13 @@ impl Drop for Watchdog {
 
 /// Starts watching the calling thread's loop, which sleeps `idle` between passes.
 ///
-/// Called on the loop thread: `priority` is that thread's from then on.
-pub fn start(idle: Duration, priority: u8) -> std::io::Result<(Marker, Watchdog)> {
+/// Called on the loop thread: `priority` is that thread's from then on. Each phase's wall
+/// time goes to `timing` (label `phase`).
+pub fn start(
+    idle: Duration,
+    priority: u8,
+    timing: &HistogramVec,
+) -> std::io::Result<(Marker, Watchdog)> {
     let state = Arc::new(State {
         // 0 until the loop's first phase: the attaches before the loop are not a hold-up.
         since_ns: AtomicU64::new(0),
@@ -164,6 +201,10 @@ pub fn start(idle: Duration, priority: u8) -> std::io::Result<(Marker, Watchdog)
         Marker {
             state: state.clone(),
             priority: VerdictPriority::new(priority),
+            timing: Phase::ALL
+                .iter()
+                .map(|p| timing.with_label_values(&[p.label()]))
+                .collect(),
         },
         Watchdog {
             state,
