@@ -60,14 +60,13 @@ pub fn realtime(priority: u8) -> bool {
 /// 0.10 ms under SCHED_FIFO (200 sleeps each). The thread is SCHED_FIFO in the phases of its
 /// loop on the verdicts' path (the wait, the engines' verdicts, a look at the deep dives:
 /// microseconds per iteration) and in its own bounded work (rescans, per-thread accounting,
-/// starting and stopping a capture: milliseconds; beside a saturated vLLM on 2 vCPUs, at the
-/// normal policy, its accounting has been seen runnable and not moving for more than 200 s,
-/// and a capture's start took 70-106 ms of which 38 ms ran), so it takes no more CPU from the
-/// engine than before, only sooner; what takes tens of ms of CPU runs on threads of its own
-/// at the normal policy. It drops to the normal policy to detach when the daemon stops,
-/// which waits on the engine (remote calls through a helper process). Not to the background
-/// reservation: a thread switching between
-/// SCHED_FIFO and SCHED_DEADLINE there was once left throttled for good
+/// starting and stopping a capture: milliseconds, which at the normal policy beside a
+/// saturated vLLM on 2 vCPUs wait in the run queue many times as long as they run), so it
+/// takes no more CPU from the engine than before, only sooner; what takes tens of ms of CPU
+/// runs on threads of its own at the normal policy. It drops to the normal policy to detach
+/// when the daemon stops, which waits on the engine (remote calls through a helper process).
+/// Not to the background reservation: a thread switching between SCHED_FIFO and
+/// SCHED_DEADLINE there was once left throttled for good
 /// ([`sys_util::sched::RESERVATION`]). The kernel's RT throttling (`sched_rt_runtime_us`)
 /// bounds what a runaway loop could take.
 ///

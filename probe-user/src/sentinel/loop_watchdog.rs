@@ -92,6 +92,7 @@ impl Phase {
         }
     }
 
+    /// Every phase, in the order of its `u8` value (a test checks it).
     const ALL: [Phase; 8] = [
         Phase::Rescan,
         Phase::Sentinel,
@@ -104,16 +105,10 @@ impl Phase {
     ];
 
     fn from_u8(v: u8) -> Phase {
-        match v {
-            0 => Phase::Rescan,
-            1 => Phase::Sentinel,
-            2 => Phase::DeepDive,
-            3 => Phase::CaptureStart,
-            4 => Phase::CaptureFinish,
-            5 => Phase::Accounting,
-            7 => Phase::Stopping,
-            _ => Phase::Idle,
-        }
+        Phase::ALL
+            .get(usize::from(v))
+            .copied()
+            .unwrap_or(Phase::Idle)
     }
 }
 
@@ -249,6 +244,19 @@ fn watch(s: &State, idle: Duration) {
                 sys_util::task_state::cpu_contention()
             );
             reported = Some((since, held * 2));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_phase_sits_at_its_own_value_in_the_list() {
+        for (i, p) in Phase::ALL.iter().enumerate() {
+            assert_eq!(*p as usize, i, "{p:?}");
+            assert_eq!(Phase::from_u8(i as u8), *p);
         }
     }
 }
