@@ -54,7 +54,7 @@ enum Task {
     /// Run the benchmarks and print a Markdown report (see BENCHMARKS.md).
     Bench {
         /// Only this part: `kernel`, `python`, `python-unwatched` (the unwatched calls alone,
-        /// part of `python`), `sentinel`, `overhead`, `memory` (an hour),
+        /// part of `python`), `sentinel`, `overhead` (over an hour), `memory` (an hour),
         /// `trace`, `deep-dive`, `batch-queue` or `fuzz` (default: all; the sentinel's vLLM
         /// part, `overhead`, `memory` and `deep-dive` need `cargo xtask vllm up` first,
         /// `batch-queue` `cargo xtask vllm up --pipeline-parallel 2`, and each is skipped
