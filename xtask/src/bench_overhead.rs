@@ -6,8 +6,8 @@
 //! ratio sets a window against the "off" window beside it, so drift slower than a round
 //! cancels. Transitions (attach, detach) fall between windows. Two measures per window,
 //! from vLLM's iteration log:
-//! - the median of the decode-only steps at batch 8 (equal work per step): vLLM's elapsed
-//!   time spans the forward pass and sampling;
+//! - the median and 99th percentile of the decode-only steps at batch 8 (equal work per step,
+//!   one output token per request): vLLM's elapsed time spans the forward pass and sampling;
 //! - the decode period: the window's whole seconds less vLLM's prefill and mixed steps, per
 //!   decode-only step; it spans the whole loop, the scheduler and the Python probe included.
 //!
@@ -40,8 +40,10 @@ const SETTLE: Duration = Duration::from_secs(3);
 /// One window's figures.
 #[derive(Clone, Copy)]
 struct Window {
-    /// Median of the decode-only steps at batch 8, ms.
+    /// Median of the decode-only steps at batch 8, ms: the time per output token.
     step_ms: f64,
+    /// Their 99th percentile, ms.
+    step_p99_ms: f64,
     /// How many such steps the window held.
     steps: usize,
     /// The decode period over the window's whole seconds, ms (None without a decode step).
@@ -176,16 +178,26 @@ fn window(dir: &Path, log: &Path, arm: Arm) -> Result<Window> {
     sleep(Duration::from_millis(1500));
     let text = std::fs::read(log)?;
     let tail = String::from_utf8_lossy(&text[from.min(text.len())..]);
-    let (step_ms, steps) = crate::vllm_size::decode_step_b8(&tail)
-        .context("no decode step at batch 8 in vLLM's log over a window")?;
+    let logged = vllm_log::parse(&tail);
+    let mut b8: Vec<f64> = logged
+        .iter()
+        .filter(|it| it.context_requests == 0 && it.generation_requests == 8)
+        .map(|it| it.elapsed_ms)
+        .collect();
+    if b8.is_empty() {
+        bail!("no decode step at batch 8 in vLLM's log over a window");
+    }
+    b8.sort_by(f64::total_cmp);
+    let at = |q: f64| b8[((b8.len() - 1) as f64 * q).round() as usize];
     drop(daemon);
     sleep(SETTLE);
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     // Clock ticks of 10 ms (USER_HZ 100).
     Ok(Window {
-        step_ms,
-        steps,
-        period_ms: decode_period(&vllm_log::parse(&tail), open_s, close_s),
+        step_ms: b8[b8.len() / 2],
+        step_p99_ms: at(0.99),
+        steps: b8.len(),
+        period_ms: decode_period(&logged, open_s, close_s),
         steal_pct: s0
             .zip(s1)
             .map(|(a, b)| b.saturating_sub(a) as f64 / (wall * cpus)),
@@ -221,16 +233,17 @@ fn report(arms: &[Arm], windows: &[Vec<Window>]) {
         windows[0].len(),
         WINDOW.as_secs()
     );
-    println!("| round | arm | vLLM decode step at batch 8, median (ms) | steps | decode period (ms) | steal (% of the CPUs) | daemon CPU (% of a core) | daemon RSS (MiB) |\n|---|---|---|---|---|---|---|---|");
+    println!("| round | arm | vLLM decode step at batch 8, median / p99 (ms) | steps | decode period (ms) | steal (% of the CPUs) | daemon CPU (% of a core) | daemon RSS (MiB) |\n|---|---|---|---|---|---|---|---|");
     let opt = |v: Option<f64>, p: usize| v.map_or("-".into(), |x| format!("{x:.p$}"));
     for round in 0..windows[0].len() {
         for (arm, w) in arms.iter().zip(windows) {
             let w = &w[round];
             println!(
-                "| {} | {} | {:.2} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {:.2} / {:.2} | {} | {} | {} | {} | {} |",
                 round + 1,
                 arm.name(),
                 w.step_ms,
+                w.step_p99_ms,
                 w.steps,
                 opt(w.period_ms, 2),
                 opt(w.steal_pct, 2),
@@ -242,8 +255,9 @@ fn report(arms: &[Arm], windows: &[Vec<Window>]) {
     println!();
     let pct = |x: f64| format!("{:+.2} %", 100.0 * x);
     for (a, arm) in arms.iter().enumerate().skip(1) {
-        let measures: [(&str, Measure); 2] = [
+        let measures: [(&str, Measure); 3] = [
             ("decode step at batch 8", |w| Some(w.step_ms)),
+            ("decode step at batch 8, p99", |w| Some(w.step_p99_ms)),
             ("decode period", |w| w.period_ms),
         ];
         for (what, of) in measures {
