@@ -33,6 +33,53 @@ impl Iteration {
     pub fn tokens(&self) -> u64 {
         self.context_tokens + self.generation_tokens
     }
+
+    /// Whether the step only decoded (no prompt computed in it).
+    pub fn is_decode(&self) -> bool {
+        self.context_requests == 0 && self.generation_requests > 0
+    }
+}
+
+/// The steps logged in a span of whole seconds (the stamps have no finer unit).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Seconds {
+    /// The span's length, ms.
+    pub ms: f64,
+    /// Steps logged in it.
+    pub steps: usize,
+    /// vLLM's elapsed time of its prefill and mixed steps.
+    pub other_ms: f64,
+    /// vLLM's elapsed time of each decode-only step.
+    pub decode_elapsed_ms: Vec<f64>,
+}
+
+impl Seconds {
+    /// The whole seconds `first..end` (Unix) with no step yet; None when there is none.
+    pub fn new(first: i64, end: i64) -> Option<Self> {
+        (end > first).then(|| Self {
+            ms: (end - first) as f64 * 1e3,
+            ..Self::default()
+        })
+    }
+
+    /// Counts one step logged in the span.
+    pub fn add(&mut self, elapsed_ms: f64, decode: bool) {
+        self.steps += 1;
+        if decode {
+            self.decode_elapsed_ms.push(elapsed_ms);
+        } else {
+            self.other_ms += elapsed_ms;
+        }
+    }
+
+    /// The decode period: the span's time outside prefill and mixed steps, per decode-only
+    /// step, ms. Everything that delays the next decode step counts in it (the scheduler,
+    /// pauses of the whole process), while a prefill in one span and not another does not.
+    pub fn decode_period(&self) -> Option<f64> {
+        let n = self.decode_elapsed_ms.len();
+        let decode_ms = self.ms - self.other_ms;
+        (n > 0 && decode_ms > 0.0).then(|| decode_ms / n as f64)
+    }
 }
 
 /// A log line's `MM-DD HH:MM:SS`.
@@ -123,6 +170,17 @@ pub fn parse(log: &str) -> Vec<Iteration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_decode_period_leaves_out_prefill_and_mixed_steps() {
+        assert_eq!(Seconds::new(5, 5), None);
+        let mut w = Seconds::new(1, 3).unwrap();
+        w.add(200.0, false);
+        (0..90).for_each(|_| w.add(20.0, true));
+        assert_eq!((w.steps, w.other_ms), (91, 200.0));
+        assert!((w.decode_period().unwrap() - 1800.0 / 90.0).abs() < 1e-9);
+        assert_eq!(Seconds::new(1, 2).unwrap().decode_period(), None);
+    }
 
     #[test]
     fn reads_an_iteration_line() {

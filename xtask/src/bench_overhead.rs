@@ -137,27 +137,20 @@ fn unix_s() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// The decode period over the whole seconds in `[from_s, to_s)`: their time less vLLM's
-/// elapsed time of prefill and mixed steps, per decode-only step.
+/// The decode period over the whole seconds in `[from_s, to_s)` ([`vllm_log::Seconds`]).
 fn decode_period(steps: &[vllm_log::Iteration], from_s: f64, to_s: f64) -> Option<f64> {
     let (first, end) = (from_s.ceil() as i64, to_s.floor() as i64);
     let year = vllm_log::year_of(first);
-    let (mut other_ms, mut decodes) = (0.0, 0usize);
+    let mut w = vllm_log::Seconds::new(first, end)?;
     for it in steps {
-        let Some(s) = it.stamp.map(|s| s.unix_s(year)) else {
-            continue;
-        };
-        if s < first || s >= end {
-            continue;
-        }
-        if it.context_requests == 0 && it.generation_requests > 0 {
-            decodes += 1;
-        } else {
-            other_ms += it.elapsed_ms;
+        if it
+            .stamp
+            .is_some_and(|s| (first..end).contains(&s.unix_s(year)))
+        {
+            w.add(it.elapsed_ms, it.is_decode());
         }
     }
-    let decode_ms = (end - first) as f64 * 1e3 - other_ms;
-    (decodes > 0 && decode_ms > 0.0).then(|| decode_ms / decodes as f64)
+    w.decode_period()
 }
 
 /// Runs one window of `arm` under the steady load.
@@ -179,15 +172,10 @@ fn window(dir: &Path, log: &Path, arm: Arm) -> Result<Window> {
     let text = std::fs::read(log)?;
     let tail = String::from_utf8_lossy(&text[from.min(text.len())..]);
     let logged = vllm_log::parse(&tail);
-    let mut b8: Vec<f64> = logged
-        .iter()
-        .filter(|it| it.context_requests == 0 && it.generation_requests == 8)
-        .map(|it| it.elapsed_ms)
-        .collect();
+    let (b8, _) = crate::vllm_size::decode_elapsed(&logged, Some(8));
     if b8.is_empty() {
         bail!("no decode step at batch 8 in vLLM's log over a window");
     }
-    b8.sort_by(f64::total_cmp);
     let at = |q: f64| b8[((b8.len() - 1) as f64 * q).round() as usize];
     drop(daemon);
     sleep(SETTLE);

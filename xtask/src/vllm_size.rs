@@ -196,19 +196,26 @@ pub fn decode_step_b8(log: &str) -> Option<(f64, usize)> {
 /// a batch already in flight, so 8 concurrent requests run as micro-batches whose split (2
 /// and 6, or 8 and none) depends on when each request arrived.
 pub fn decode_step(log: &str, batch: Option<u64>) -> Option<(f64, BTreeMap<u64, usize>)> {
+    let (ms, batches) = decode_elapsed(&vllm_log::parse(log), batch);
+    (!ms.is_empty()).then(|| (ms[ms.len() / 2], batches))
+}
+
+/// The elapsed ms of the decode steps among `iterations` at `batch` requests (any batch with
+/// `None`), sorted, and how many steps there were at each batch.
+pub fn decode_elapsed(
+    iterations: &[vllm_log::Iteration],
+    batch: Option<u64>,
+) -> (Vec<f64>, BTreeMap<u64, usize>) {
     let mut batches = BTreeMap::new();
-    let mut ms: Vec<f64> = vllm_log::parse(log)
+    let mut ms: Vec<f64> = iterations
         .iter()
-        .filter(|it| it.context_requests == 0 && it.generation_requests > 0)
+        .filter(|it| it.is_decode())
         .filter(|it| batch.is_none_or(|b| it.generation_requests == b))
         .inspect(|it| *batches.entry(it.generation_requests).or_default() += 1)
         .map(|it| it.elapsed_ms)
         .collect();
-    if ms.is_empty() {
-        return None;
-    }
     ms.sort_by(f64::total_cmp);
-    Some((ms[ms.len() / 2], batches))
+    (ms, batches)
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use vllm_log::Seconds;
 
 /// One logged step: its whole second (Unix), vLLM's elapsed time and whether it was
 /// decode-only.
@@ -61,7 +62,7 @@ impl EngineLog {
                 Some(Step {
                     second: it.stamp?.unix_s(year),
                     elapsed_ms: it.elapsed_ms,
-                    decode: it.context_requests == 0 && it.generation_requests > 0,
+                    decode: it.is_decode(),
                     batch: it.batch(),
                     tokens: it.tokens(),
                 })
@@ -77,27 +78,16 @@ impl EngineLog {
 
     /// The whole seconds inside `[from_us, to_us)` and the steps logged in them (None
     /// without a whole second).
-    fn window(&self, from_us: f64, to_us: f64) -> Option<Window> {
+    fn window(&self, from_us: f64, to_us: f64) -> Option<Seconds> {
         let first = (from_us / 1e6).ceil() as i64;
         let end = (to_us / 1e6).floor() as i64;
-        if end <= first {
-            return None;
-        }
-        let mut w = Window {
-            ms: (end - first) as f64 * 1e3,
-            ..Window::default()
-        };
+        let mut w = Seconds::new(first, end)?;
         for s in self
             .steps
             .iter()
             .filter(|s| (first..end).contains(&s.second))
         {
-            w.steps += 1;
-            if s.decode {
-                w.decode_elapsed_ms.push(s.elapsed_ms);
-            } else {
-                w.other_ms += s.elapsed_ms;
-            }
+            w.add(s.elapsed_ms, s.decode);
         }
         Some(w)
     }
@@ -214,25 +204,6 @@ impl Pace<'_> {
                 _ => None,
             },
         }
-    }
-}
-
-/// The steps logged in a window of whole seconds.
-#[derive(Debug, Default)]
-struct Window {
-    ms: f64,
-    steps: usize,
-    /// vLLM's elapsed time of the prefill and mixed steps.
-    other_ms: f64,
-    decode_elapsed_ms: Vec<f64>,
-}
-
-impl Window {
-    /// The window's time outside prefill and mixed steps, per decode-only step.
-    fn decode_period(&self) -> Option<f64> {
-        let n = self.decode_elapsed_ms.len();
-        let decode_ms = self.ms - self.other_ms;
-        (n > 0 && decode_ms > 0.0).then(|| decode_ms / n as f64)
     }
 }
 
