@@ -805,7 +805,7 @@ mod tests {
         let d = Config::load(None).unwrap().sentinel.params().detector;
         assert_eq!(d.window, Span::Micros(1_000_000));
         assert_eq!(d.start_after, Span::Micros(750_000));
-        assert_eq!(d.min_slowdown, 1.0);
+        assert_eq!(d.min_slowdown, 1.2);
         let c = Config::parse_over_default(
             "[sentinel]\nwindow = 10\nstart_after = \"1s\"\nmin_slowdown = 1.25\n",
             "x",
