@@ -116,7 +116,7 @@ fn pair<'a>(rows: &'a [Row], log: &'a [LogIteration]) -> Paired<'a> {
 
 /// How much slower than usual vLLM's own clock must have seen its steps during an alert for
 /// the alert to be explained. The sentinel alerts once the moving mean of E passes the UCL
-/// (at least `theta_min` = 0.15: steps about 1.18 x their prediction); vLLM's logged span
+/// (at least the error of `min_slowdown` = 1.2: steps 1.2 x their prediction); vLLM's logged span
 /// leaves out scheduling and output processing, about 1.5 ms of a 30 ms step.
 const EXPLAINED: f64 = 1.10;
 

@@ -197,7 +197,7 @@ pub fn run() -> Result<()> {
     println!("stopped by ptrace during the attach.\n");
     println!("| CPython | writer | mechanism | watched: base → with probe (ns/call) | cost per watched call | unwatched with probe: change (95 % CI) | control | pause p50 / max |");
     println!("|---|---|---|---|---:|---:|---:|---:|");
-    for version in VERSIONS {
+    for version in versions()? {
         let mut t = Target::start(version, "both")?;
         t.round()?; // warm-up
         let mut bases = Vec::new();
@@ -238,30 +238,38 @@ pub fn run() -> Result<()> {
 /// one 3.11 process ran the loop at 29.8, 30.9 and 28.0 ns per call before, during and after
 /// an attach, its level changing at each event and holding in between), and a young process
 /// speeds up over its first seconds. So each pair is a fresh process (its own randomised
-/// addresses), and the processes alternate between two arms with the same timeline: the
-/// probe attached after the first round, or nothing done. The probe's effect is the
-/// difference of the arms' mean changes.
+/// addresses), and the processes take turns in three arms with the same timeline: the probe
+/// attached after the first round and held, the probe attached and at once detached (what the
+/// attach leaves behind without a probe in place: the modules it loaded, the allocations it
+/// made), or nothing done. Each arm's effect is the difference of its mean change and the
+/// last arm's.
+///
+/// `STALLSCOPE_PYTHON_ALONE_PAIRS` sets the processes per arm (default 20) and
+/// `STALLSCOPE_PYTHON_VERSIONS` the CPython versions (comma-separated; default 3.10-3.13).
 pub fn unwatched_alone() -> Result<()> {
-    println!("### Unwatched calls, the watched function not called ({ALONE_PAIRS} processes per arm and version)\n");
+    let per_arm = alone_pairs()?;
+    let versions = versions()?;
+    println!("### Unwatched calls, the watched function not called ({per_arm} processes per arm and version)\n");
     println!("`py_bench.py` with its rounds calling `unwatched` only, a fresh process each time: {} s of", WARM_UP.as_secs());
-    println!("warm-up, a round, then in alternate processes the probe attached (`__main__:watched` watched,");
-    println!("compiled writer) or nothing done, then the first round after that and the first {} s later,", SETTLED.as_secs());
     println!(
-        "each over the first round. Effect: the attached arm's mean change minus the other arm's,"
+        "warm-up, a round, then in turn the probe attached (`__main__:watched` watched, compiled"
     );
-    println!("with its 95 % CI.\n");
-    println!("| CPython | mechanism | unwatched: base (ns/call) | right after the attach: attached / not / effect | {} s later: attached / not / effect |", SETTLED.as_secs());
-    println!("|---|---|---:|---:|---:|");
-    for version in VERSIONS {
-        // [arm][point]: arm 0 attached, 1 not; point 0 right after, 1 later.
-        let mut pairs: [[Vec<(Round, Round)>; 2]; 2] = Default::default();
+    println!("writer) and held, the probe attached and at once detached, or nothing done; then the first");
+    println!("round after that and the first {} s later, each over the first round. Effect: an arm's mean", SETTLED.as_secs());
+    println!("change minus the third arm's, with its 95 % CI.\n");
+    println!("| CPython | mechanism | unwatched: base (ns/call) | right after: attached / detached / not | effect attached / detached | {} s later: attached / detached / not | effect attached / detached |", SETTLED.as_secs());
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    for version in &versions {
+        // [arm][point]: arm 0 attached, 1 attached and detached, 2 nothing; point 0 right
+        // after, 1 later.
+        let mut pairs: [[Vec<(Round, Round)>; 2]; 3] = Default::default();
         let mut mechanism = String::new();
-        for i in 0..2 * ALONE_PAIRS {
-            let attach = i % 2 == 0;
+        for i in 0..3 * per_arm {
+            let arm = i % 3;
             let mut t = Target::start(version, "unwatched")?;
             std::thread::sleep(WARM_UP);
             let base = t.round()?;
-            let session = if attach {
+            let session = if arm < 2 {
                 let s = Session::attach(
                     t.pid,
                     AttachOptions {
@@ -276,35 +284,84 @@ pub fn unwatched_alone() -> Result<()> {
             } else {
                 None
             };
-            let arm = usize::from(!attach);
+            let held = match session {
+                Some(s) if arm == 1 => {
+                    detach_empty(s, version)?;
+                    None
+                }
+                s => s,
+            };
             pairs[arm][0].push((base, t.round()?));
             std::thread::sleep(SETTLED);
             pairs[arm][1].push((base, t.round()?));
-            if let Some(session) = session {
-                let mut records = Vec::new();
-                session.drain(&mut records);
-                session.detach()?;
-                anyhow::ensure!(records.is_empty(), "{version}: records from uncalled code");
+            if let Some(s) = held {
+                detach_empty(s, version)?;
             }
         }
         let cell = |point: usize| {
-            let (a, aw) = unwatched_change(&pairs[0][point]);
-            let (n, nw) = unwatched_change(&pairs[1][point]);
+            let c: Vec<(f64, f64)> = pairs.iter().map(|a| unwatched_change(&a[point])).collect();
+            let effect = |arm: usize| {
+                format!(
+                    "{:+.2} % (±{:.2})",
+                    c[arm].0 - c[2].0,
+                    c[arm].1.hypot(c[2].1)
+                )
+            };
             format!(
-                "{a:+.2} / {n:+.2} / {:+.2} % (±{:.2})",
-                a - n,
-                (aw * aw + nw * nw).sqrt()
+                "{:+.2} / {:+.2} / {:+.2} % | {} / {}",
+                c[0].0,
+                c[1].0,
+                c[2].0,
+                effect(0),
+                effect(1)
             )
         };
         println!(
             "| {version} | {mechanism} | {:.1} | {} | {} |",
-            median(pairs[0][0].iter().map(|(b, _)| b.unwatched).collect()),
+            median(pairs[2][0].iter().map(|(b, _)| b.unwatched).collect()),
             cell(0),
             cell(1),
         );
     }
     println!();
     Ok(())
+}
+
+/// Detaches `session`, whose watched function was never called: it must have no records.
+fn detach_empty(session: Session, version: &str) -> Result<()> {
+    let mut records = Vec::new();
+    session.drain(&mut records);
+    session.detach()?;
+    anyhow::ensure!(records.is_empty(), "{version}: records from uncalled code");
+    Ok(())
+}
+
+/// Processes per arm, `STALLSCOPE_PYTHON_ALONE_PAIRS` or [`ALONE_PAIRS`].
+fn alone_pairs() -> Result<usize> {
+    match std::env::var("STALLSCOPE_PYTHON_ALONE_PAIRS") {
+        Err(_) => Ok(ALONE_PAIRS),
+        Ok(s) => s.parse().ok().filter(|&n| n >= 2).with_context(|| {
+            format!("STALLSCOPE_PYTHON_ALONE_PAIRS: {s:?} is not a number of processes (2 or more)")
+        }),
+    }
+}
+
+/// The CPython versions to measure, `STALLSCOPE_PYTHON_VERSIONS` or all of [`VERSIONS`].
+fn versions() -> Result<Vec<&'static str>> {
+    let Ok(s) = std::env::var("STALLSCOPE_PYTHON_VERSIONS") else {
+        return Ok(VERSIONS.to_vec());
+    };
+    s.split(',')
+        .map(|v| {
+            VERSIONS
+                .iter()
+                .copied()
+                .find(|k| *k == v.trim())
+                .with_context(|| {
+                    format!("STALLSCOPE_PYTHON_VERSIONS: {v:?} is not one of {VERSIONS:?}")
+                })
+        })
+        .collect()
 }
 
 /// Records per second through the ring's reader (the Rust side), producer in another thread.
