@@ -35,6 +35,27 @@ const HEAT_AFTER: usize = 80;
 
 /// Decode iterations with a prediction, from the daemon's iteration export.
 pub fn read_iterations(path: &Path) -> Result<Vec<Iteration>> {
+    read_export(
+        path,
+        ["start_ts", "duration_us", "stage", "predicted_us"],
+        |[start, dur, stage, pred]| {
+            (stage == "decode").then_some(())?;
+            Some(Iteration {
+                start_us: start.parse().ok()?,
+                duration_us: dur.parse().ok()?,
+                predicted_us: pred.parse().ok()?,
+            })
+        },
+    )
+}
+
+/// The rows of the daemon's iteration export that `row` makes something of, from the fields
+/// of the `N` named columns in that order.
+pub fn read_export<const N: usize, T>(
+    path: &Path,
+    columns: [&str; N],
+    row: impl Fn([&str; N]) -> Option<T>,
+) -> Result<Vec<T>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the iteration export {}", path.display()))?;
     let mut lines = text.lines();
@@ -43,27 +64,21 @@ pub fn read_iterations(path: &Path) -> Result<Vec<Iteration>> {
         .context("an empty export")?
         .split(',')
         .collect();
-    let col = |n: &str| {
-        header
+    let mut at = [0; N];
+    for (i, name) in columns.iter().enumerate() {
+        at[i] = header
             .iter()
-            .position(|h| *h == n)
-            .with_context(|| format!("no {n} column in {}", path.display()))
-    };
-    let (start, dur, stage, pred) = (
-        col("start_ts")?,
-        col("duration_us")?,
-        col("stage")?,
-        col("predicted_us")?,
-    );
+            .position(|h| h == name)
+            .with_context(|| format!("no {name} column in {}", path.display()))?;
+    }
     Ok(lines
         .filter_map(|l| {
             let f: Vec<&str> = l.split(',').collect();
-            (f.get(stage)? == &"decode").then_some(())?;
-            Some(Iteration {
-                start_us: f.get(start)?.parse().ok()?,
-                duration_us: f.get(dur)?.parse().ok()?,
-                predicted_us: f.get(pred)?.parse().ok()?,
-            })
+            let mut fields = [""; N];
+            for (field, &i) in fields.iter_mut().zip(&at) {
+                *field = f.get(i)?;
+            }
+            row(fields)
         })
         .collect())
 }

@@ -207,6 +207,56 @@ impl Pace<'_> {
     }
 }
 
+/// One iteration of stallscope's export (any stage), as it is looked for in the log.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Exported {
+    /// End, µs (Unix).
+    pub end_us: f64,
+    /// Requests in it, both stages.
+    pub batch: u64,
+    /// Tokens computed in it, both stages.
+    pub tokens: u64,
+}
+
+/// How far a logged step's stamp may lie from stallscope's end of the same iteration, s: the
+/// stamp is the whole second its line was written, just after the step.
+const MATCH_SLACK_S: i64 = 3;
+
+impl Pace<'_> {
+    /// vLLM's elapsed time over the usual for its workload, averaged over the decode-only
+    /// steps among `rows` that ended in `[from_us, to_us)`: the very iterations the detector
+    /// judged, not the whole seconds around them (an alert raised by one slow second and
+    /// held through calm ones reads as half as slow over its seconds). `rows` are consecutive
+    /// rows of stallscope's export, every stage, around the span; they are found in the log as
+    /// the one run of consecutive steps with the same workloads stamped within
+    /// [`MATCH_SLACK_S`] of them. None when no single run matches (an iteration one side lacks,
+    /// or a stretch of identical workloads too long to place) or no step has a usual time.
+    pub fn iterations(&self, rows: &[Exported], from_us: f64, to_us: f64) -> Option<f64> {
+        let (first, last) = (rows.first()?, rows.last()?);
+        let steps = &self.log.steps;
+        let lo = steps.partition_point(|s| s.second < (first.end_us / 1e6) as i64 - MATCH_SLACK_S);
+        let hi = steps.partition_point(|s| s.second <= (last.end_us / 1e6) as i64 + MATCH_SLACK_S);
+        let same = |j: usize| {
+            steps[j..j + rows.len()]
+                .iter()
+                .zip(rows)
+                .all(|(s, r)| (s.batch, s.tokens) == (r.batch, r.tokens))
+        };
+        let mut runs = (lo..(hi + 1).saturating_sub(rows.len())).filter(|&j| same(j));
+        let j = runs.next()?;
+        if runs.next().is_some() {
+            return None;
+        }
+        let ratios: Vec<f64> = rows
+            .iter()
+            .zip(&steps[j..])
+            .filter(|(r, s)| s.decode && (from_us..to_us).contains(&r.end_us))
+            .filter_map(|(_, s)| Some(s.elapsed_ms / self.usual_ms.get(&(s.batch, s.tokens))?))
+            .collect();
+        (!ratios.is_empty()).then(|| ratios.iter().sum::<f64>() / ratios.len() as f64)
+    }
+}
+
 /// The upper median of `v` (None when empty).
 pub(super) fn median(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
@@ -281,6 +331,55 @@ mod tests {
         assert_eq!(slow.period, Some(2.0));
         let calm = pace.judge(at(10) + 0.3e6, at(10) + 0.6e6);
         assert_eq!((calm.elapsed, calm.period), (Some(1.0), Some(1.0)));
+    }
+
+    #[test]
+    fn an_alert_is_judged_on_the_logged_steps_of_its_own_iterations() {
+        // 60 s of decode steps of 20 ms at batch 8, one every 25 ms, each second's last step a
+        // prefill of 100 + second tokens; in second 30 the first 20 steps take 30 ms.
+        let mut text = String::new();
+        let mut rows = Vec::new();
+        for s in 0..60u64 {
+            for i in 0..40u64 {
+                let (decode, ms) = (i < 39, if s == 30 && i < 20 { 30.0 } else { 20.0 });
+                let (ctx, tokens) = if decode { (0, 8) } else { (1, 100 + s + 8) };
+                text += &format!("(EngineCore_DP0 pid=7) INFO 11-26 10:00:{:02} [core.py:300] Iteration(0): {ctx} context requests, {} context tokens, 8 generation requests, 8 generation tokens, iteration elapsed time: {ms} ms\n", s, tokens - 8);
+                rows.push(Exported {
+                    end_us: at(s as i64) + (i + 1) as f64 * 25e3,
+                    batch: 8 + ctx,
+                    tokens,
+                });
+            }
+        }
+        let log = EngineLog::parse(&text, 2026);
+        let pace = log.pace(at(0), at(60));
+        let around = |from: f64, to: f64| -> Vec<Exported> {
+            rows.iter()
+                .filter(|r| (from - 3e6..to + 1e6).contains(&r.end_us))
+                .copied()
+                .collect()
+        };
+        // The slow half second alone: 1.5 x; the whole second around it: 1.25 x.
+        let (a, b) = (at(30), at(30) + 0.5e6 + 1.0);
+        assert_eq!(pace.iterations(&around(a, b), a, b), Some(1.5));
+        let whole = pace.iterations(&around(a, at(31)), a, at(31)).unwrap();
+        assert!((whole - (20.0 * 1.5 + 19.0) / 39.0).abs() < 1e-9, "{whole}");
+        // A calm span reads 1.
+        assert_eq!(
+            pace.iterations(&around(at(10), at(11)), at(10), at(11)),
+            Some(1.0)
+        );
+        // Rows the log does not have, or only identical workloads (no single place), match
+        // nothing.
+        let mut missing = around(a, b);
+        missing.retain(|r| r.tokens == 8 || r.end_us > at(29));
+        assert_eq!(pace.iterations(&missing, a, b), None);
+        let same: Vec<Exported> = around(a, b)
+            .into_iter()
+            .filter(|r| r.tokens == 8)
+            .take(10)
+            .collect();
+        assert_eq!(pace.iterations(&same, a, b), None);
     }
 
     /// 2026-11-26 10:00:00 UTC plus `s` seconds, µs.

@@ -1,10 +1,12 @@
 //! `stallscope evaluate --steady DURATION`: false alerts under healthy load. The daemon runs
 //! with the embedded default configuration as shipped (refits, recalibration, the alert rule),
 //! only its state moved; after its first fit, DURATION of steady load without injection. Each
-//! alert is then judged by the engine's own log: it is explained when vLLM's decode steps
-//! during it were slower than usual by at least the alert's threshold (an alert at UCL 0.15
-//! needs steps 1/(1 − 0.15) = 1.18 times their usual time), by either measure of [`Judged`];
-//! otherwise it is false. Writes steady.json and steady.md.
+//! alert is then judged by the engine's own log: it is explained when vLLM's steps were slower
+//! than usual by at least the alert's threshold (an alert at UCL 0.15 needs steps
+//! 1/(1 − 0.15) = 1.18 times their usual time) by any measure of the engine's: over the very
+//! iterations that raised it (its window and persistence before its start, each found in the
+//! log, [`Pace::iterations`]), or over the whole seconds from that lead to its end
+//! ([`Judged`]); otherwise it is false. Writes steady.json and steady.md.
 
 use std::{fmt::Write as _, path::Path, time::Duration};
 
@@ -14,8 +16,11 @@ use model::detector::DetectorParams;
 use serde_json::{json, Value};
 
 use super::{
-    api, free_port, load::Load, report, slowdown::EngineLog, start_daemon, unix_us, wait_fitted,
-    with_state, EvaluateArgs,
+    api, free_port,
+    load::Load,
+    report,
+    slowdown::{EngineLog, Exported, Pace},
+    start_daemon, unix_us, wait_fitted, with_state, EvaluateArgs,
 };
 use crate::config::DEFAULT_CONFIG;
 
@@ -28,6 +33,19 @@ fn lead_in(d: &DetectorParams) -> Duration {
         model::detector::Span::Iterations(_) => 1_000_000,
     };
     Duration::from_micros(us(d.window) + us(d.start_after))
+}
+
+/// Rows of the export read around a judged span, before and after it, µs: enough prefills
+/// among them to place the rows in the log.
+const AROUND_US: (f64, f64) = (5e6, 2e6);
+
+/// vLLM's own pace over the iterations that ended in `[from_us, to_us)` (an alert's lead);
+/// `rows` in export order, which is the order of their ends (one engine's iterations do not
+/// overlap).
+fn raised_by(pace: &Pace, rows: &[Exported], from_us: f64, to_us: f64) -> Option<f64> {
+    let a = rows.partition_point(|r| r.end_us < from_us - AROUND_US.0);
+    let b = rows.partition_point(|r| r.end_us < to_us + AROUND_US.1);
+    pace.iterations(&rows[a..b], from_us, to_us)
 }
 
 pub fn run(
@@ -77,6 +95,17 @@ pub fn run(
         .filter(|i| i.start_us >= from_us && i.end_us() <= to_us)
         .count();
     let lead_in = lead_in(&detector).as_secs_f64() * 1e6;
+    let rows = report::read_export(
+        &state.join("iterations.csv"),
+        ["start_ts", "duration_us", "batch_size", "num_tokens"],
+        |[start, dur, batch, tokens]| {
+            Some(Exported {
+                end_us: start.parse::<f64>().ok()? + dur.parse::<f64>().ok()?,
+                batch: batch.parse().ok()?,
+                tokens: tokens.parse().ok()?,
+            })
+        },
+    )?;
     let mut judged = Vec::new();
     for a in alerts.as_array().context("/api/v1/alerts is not a list")? {
         let started = a["started_unix_ms"].as_f64().unwrap_or(0.0) * 1e3;
@@ -87,7 +116,8 @@ pub fn run(
         let threshold = detector.threshold(a["ucl"].as_f64().unwrap_or(0.0));
         let needed = 1.0 / (1.0 - threshold).max(1e-9);
         let j = pace.judge(started - lead_in, ended);
-        let explained = [j.elapsed, j.period]
+        let raised_by = raised_by(&pace, &rows, started - lead_in, started);
+        let explained = [raised_by, j.elapsed, j.period]
             .into_iter()
             .flatten()
             .any(|x| x >= needed);
@@ -95,6 +125,7 @@ pub fn run(
             "alert": a,
             "needed_slowdown": needed,
             "engine": j,
+            "engine_raised_by": raised_by,
             "explained": explained,
         }));
     }
@@ -150,19 +181,20 @@ fn markdown(out: &Value) -> String {
     );
     let judged = out["judged"].as_array().cloned().unwrap_or_default();
     if !judged.is_empty() {
-        let _ = writeln!(s, "| Alert | Started (unix ms) | Iterations | Slowdown (stallscope) | Needed | vLLM elapsed / usual | vLLM decode period / usual | Verdict |");
-        let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---|");
+        let _ = writeln!(s, "| Alert | Started (unix ms) | Iterations | Slowdown (stallscope) | Needed | vLLM, the iterations that raised it / usual | vLLM elapsed / usual, whole seconds | vLLM decode period / usual | Verdict |");
+        let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---|");
         let f = |v: &Value| v.as_f64().map_or("-".into(), |x| format!("{x:.2}"));
         for j in judged {
             let a = &j["alert"];
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 a["id"],
                 a["started_unix_ms"],
                 a["iterations"],
                 f(&a["slowdown"]),
                 f(&j["needed_slowdown"]),
+                f(&j["engine_raised_by"]),
                 f(&j["engine"]["elapsed"]),
                 f(&j["engine"]["period"]),
                 if j["explained"] == true {
