@@ -24,7 +24,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use crate::bench_sentinel::{
     cpu_and_rss, fresh_dir, mean_ci95, server_log, start_daemon, warm_up, xtask_bin, Arm,
@@ -76,12 +76,7 @@ fn arms() -> Result<Vec<Arm>> {
 }
 
 fn rounds() -> Result<usize> {
-    match std::env::var("STALLSCOPE_OVERHEAD_ROUNDS") {
-        Err(_) => Ok(ROUNDS),
-        Ok(s) => s.parse().ok().filter(|&n| n >= 2).with_context(|| {
-            format!("STALLSCOPE_OVERHEAD_ROUNDS: {s:?} is not a number of rounds (2 or more)")
-        }),
-    }
+    crate::env_count("STALLSCOPE_OVERHEAD_ROUNDS", ROUNDS, "rounds")
 }
 
 pub fn run() -> Result<()> {

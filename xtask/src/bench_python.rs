@@ -338,12 +338,7 @@ fn detach_empty(session: Session, version: &str) -> Result<()> {
 
 /// Processes per arm, `STALLSCOPE_PYTHON_ALONE_PAIRS` or [`ALONE_PAIRS`].
 fn alone_pairs() -> Result<usize> {
-    match std::env::var("STALLSCOPE_PYTHON_ALONE_PAIRS") {
-        Err(_) => Ok(ALONE_PAIRS),
-        Ok(s) => s.parse().ok().filter(|&n| n >= 2).with_context(|| {
-            format!("STALLSCOPE_PYTHON_ALONE_PAIRS: {s:?} is not a number of processes (2 or more)")
-        }),
-    }
+    crate::env_count("STALLSCOPE_PYTHON_ALONE_PAIRS", ALONE_PAIRS, "processes")
 }
 
 /// The CPython versions to measure, `STALLSCOPE_PYTHON_VERSIONS` or all of [`VERSIONS`].

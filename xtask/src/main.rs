@@ -329,6 +329,19 @@ fn test_binary(test: &str, env: &[(&str, &str)]) -> Result<()> {
     leaks::check(&before, &format!("test binary {test}"))
 }
 
+/// A bench's count from the environment variable `name`, `default` when it is unset; a value
+/// that is not a whole number of at least 2 is refused, naming the variable and `what` it counts.
+pub fn env_count(name: &str, default: usize, what: &str) -> Result<usize> {
+    match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(s) => s
+            .parse()
+            .ok()
+            .filter(|&n| n >= 2)
+            .with_context(|| format!("{name}: {s:?} is not a number of {what} (2 or more)")),
+    }
+}
+
 /// The workspace root.
 pub fn root() -> PathBuf {
     let built = Path::new(env!("CARGO_MANIFEST_DIR"))
