@@ -67,11 +67,16 @@ pub struct Row {
     pub context: f64,
     pub decode: bool,
     pub prefill: bool,
-    /// The second the step ended in.
-    pub end_unix_s: u64,
+    /// When the step ended, µs since the epoch.
+    pub end_unix_us: f64,
 }
 
 impl Row {
+    /// The second the step ended in.
+    pub fn end_unix_s(&self) -> u64 {
+        (self.end_unix_us / 1e6) as u64
+    }
+
     /// Whether the log's line has this row's workload (batch and tokens).
     pub fn same_workload(&self, l: &LogIteration) -> bool {
         self.batch == l.batch && self.tokens == l.tokens
@@ -102,7 +107,7 @@ pub fn parse_export(path: &Path) -> Vec<Row> {
                 context: num(4)? * num(3)?,
                 decode: *f.get(9)? == "decode",
                 prefill: *f.get(9)? == "prefill",
-                end_unix_s: ((start_us + duration_us) / 1e6) as u64,
+                end_unix_us: start_us + duration_us,
             })
         })
         .collect()
@@ -113,7 +118,7 @@ pub fn decode_rate(csv: &Path, window: std::time::Duration) -> f64 {
     let from = unix_now() - window.as_secs();
     let n = parse_export(csv)
         .iter()
-        .filter(|r| r.decode && r.end_unix_s >= from)
+        .filter(|r| r.decode && r.end_unix_s() >= from)
         .count();
     n as f64 / window.as_secs_f64()
 }

@@ -2,7 +2,7 @@
 alert of the steady window by the engine's own pace.
 
 Usage: python replay_label.py STALLSCOPE RUNS_DIR [CONFIG] [--threshold X|ucl] [--lead N]
-                              [--steady N]
+                              [--steady N] [--raised-by MS]
 
 RUNS_DIR holds the daemon's iteration exports (`*.csv.gz`) of runs of tests/sentinel_vllm.rs:
 a warm-up, 10,000 decode iterations of steady load after the first fit, then a CPU hog. Each is
@@ -11,7 +11,10 @@ start comes within the first 10,000 modelled iterations (--steady) is a steady-w
 explained by the engine's pace when the engine's decode steps over it (and the N before it,
 default 14: the window and the persistence that raised it) took on average at least X times their usual
 duration, the median of the run's steps of the same batch size and context (in 64-token
-bins); `ucl` takes X from the alert's own threshold, 1 / (1 - UCL). The others are counted as
+bins); `ucl` takes X from the alert's own threshold, 1 / (1 - UCL). With --raised-by MS the
+judged steps are instead the iterations that raised the alert: the decode steps that ended in the
+MS milliseconds (the rule's window and persistence) up to the end of the one that opened it, as
+`stallscope evaluate --steady` and the vLLM test judge them. The others are counted as
 unexplained: the model's error, not the engine's slowing. Prints a row per run and totals.
 """
 import csv
@@ -26,7 +29,7 @@ import tempfile
 
 
 
-def judge(stallscope, path, config, threshold, lead_steps, steady):
+def judge(stallscope, path, config, threshold, lead_steps, steady, raised_by_ms=None):
     with gzip.open(path, "rt") as f:
         text = f.read()
     with tempfile.NamedTemporaryFile("w", suffix=".csv") as tmp:
@@ -49,9 +52,14 @@ def judge(stallscope, path, config, threshold, lead_steps, steady):
         if a["modelled_before"] >= steady:
             continue
         n = a.get("iterations", 0)
-        span = [i for i in decode if i >= a["row"]][: max(n, 1)]
-        lead = [i for i in decode if i < a["row"]][-lead_steps:]
-        ratios = [float(rows[i]["duration_us"]) / usual[key(rows[i])] for i in lead + span if key(rows[i]) in usual]
+        if raised_by_ms is None:
+            span = [i for i in decode if i >= a["row"]][: max(n, 1)]
+            judged = [i for i in decode if i < a["row"]][-lead_steps:] + span
+        else:
+            end = lambda i: float(rows[i]["start_ts"]) + float(rows[i]["duration_us"])
+            to = end(a["row"])
+            judged = [i for i in decode if to - raised_by_ms * 1e3 <= end(i) <= to]
+        ratios = [float(rows[i]["duration_us"]) / usual[key(rows[i])] for i in judged if key(rows[i]) in usual]
         pace = sum(ratios) / len(ratios) if ratios else 0.0
         limit = 1 / (1 - a["ucl"]) if threshold == "ucl" else float(threshold)
         out["alerts"] += 1
@@ -79,8 +87,11 @@ def command_line(defaults):
 
 
 def main():
-    stallscope, runs, config, options = command_line({"--threshold": "1.10", "--lead": "14", "--steady": "10000"})
+    stallscope, runs, config, options = command_line(
+        {"--threshold": "1.10", "--lead": "14", "--steady": "10000", "--raised-by": None}
+    )
     threshold, lead_steps = options["--threshold"], int(options["--lead"])
+    raised_by_ms = float(options["--raised-by"]) if options["--raised-by"] else None
     steady = int(options["--steady"])
     total = {"alerts": 0, "unexplained": 0, "flagged": 0, "unexplained_flagged": 0}
     worst, clean, n = 0.0, 0, 0
@@ -88,7 +99,7 @@ def main():
     for name in sorted(os.listdir(runs)):
         if not name.endswith(".csv.gz"):
             continue
-        o = judge(stallscope, os.path.join(runs, name), config, threshold, lead_steps, steady)
+        o = judge(stallscope, os.path.join(runs, name), config, threshold, lead_steps, steady, raised_by_ms)
         pct = 100 * o["unexplained_flagged"] / steady
         print(name[: -len(".csv.gz")], o["alerts"], o["unexplained"], f"{pct:.2f}", o["hog_alert_row"], o["ucl"])
         for k in total:

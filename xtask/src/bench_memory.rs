@@ -75,12 +75,8 @@ pub fn run() -> Result<()> {
         return Ok(());
     };
     let engine = server["engine_pid"].as_u64().context("no engine pid")?;
-    let length = Duration::from_secs(
-        std::env::var("STALLSCOPE_MEMORY_SOAK_S")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(3600),
-    );
+    let length =
+        Duration::from_secs(crate::env_count("STALLSCOPE_MEMORY_SOAK_S", 3600, "seconds")? as u64);
     let dir = fresh_dir("stallscope-bench-memory")?;
     let mut load = Command::new(xtask_bin())
         .args(["vllm", "load", "--concurrency", "8", "--seed", "777"])

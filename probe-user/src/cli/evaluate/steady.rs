@@ -89,23 +89,33 @@ pub fn run(
         .detector;
     let log = EngineLog::read(engine_log, (to_us / 1e6) as i64)?;
     let pace = log.pace(from_us, to_us);
-    let stream = report::read_iterations(&state.join("iterations.csv"))?;
-    let decode = stream
-        .iter()
-        .filter(|i| i.start_us >= from_us && i.end_us() <= to_us)
-        .count();
-    let lead_in = lead_in(&detector).as_secs_f64() * 1e6;
-    let rows = report::read_export(
+    // Every row of the export, each with its start and whether it was a decode iteration:
+    // the decode ones in the window are counted, and all of them are looked for in the log.
+    let export = report::read_export(
         &state.join("iterations.csv"),
-        ["start_ts", "duration_us", "batch_size", "num_tokens"],
-        |[start, dur, batch, tokens]| {
-            Some(Exported {
-                end_us: start.parse::<f64>().ok()? + dur.parse::<f64>().ok()?,
+        [
+            "start_ts",
+            "duration_us",
+            "batch_size",
+            "num_tokens",
+            "stage",
+        ],
+        |[start, dur, batch, tokens, stage]| {
+            let start_us = start.parse::<f64>().ok()?;
+            let row = Exported {
+                end_us: start_us + dur.parse::<f64>().ok()?,
                 batch: batch.parse().ok()?,
                 tokens: tokens.parse().ok()?,
-            })
+            };
+            Some((row, start_us, stage == "decode"))
         },
     )?;
+    let decode = export
+        .iter()
+        .filter(|(r, start_us, decode)| *decode && *start_us >= from_us && r.end_us <= to_us)
+        .count();
+    let rows: Vec<Exported> = export.into_iter().map(|(r, ..)| r).collect();
+    let lead_in = lead_in(&detector).as_secs_f64() * 1e6;
     let mut judged = Vec::new();
     for a in alerts.as_array().context("/api/v1/alerts is not a list")? {
         let started = a["started_unix_ms"].as_f64().unwrap_or(0.0) * 1e3;
