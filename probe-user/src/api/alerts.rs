@@ -33,9 +33,10 @@ pub struct Alert {
     pub trigger_iteration_end_ns: u64,
     /// From that iteration's end to the alert being raised, µs.
     pub detection_latency_us: f64,
-    /// The moving mean of E that crossed the UCL.
+    /// The moving mean of E that crossed the threshold.
     pub moving_mean: f64,
-    /// The UCL.
+    /// The threshold the moving mean crossed: the UCL, or the error of `min_slowdown` when that
+    /// is larger (the field keeps its name for the API's readers).
     pub ucl: f64,
     /// The trigger iteration's duration, µs.
     pub duration_us: f64,
@@ -66,6 +67,14 @@ pub enum Severity {
     Warning,
     /// The window's iterations took twice their prediction or more (moving mean ≥ 0.5).
     Critical,
+}
+
+impl Alert {
+    /// How much slower than predicted the iterations of the window that raised it ran, by the
+    /// moving mean of E: an iteration `s` times its prediction has E = 1 − 1/s.
+    pub fn window_slowdown(&self) -> f64 {
+        1.0 / (1.0 - self.moving_mean).max(1e-9)
+    }
 }
 
 impl Severity {

@@ -74,11 +74,11 @@ pub fn alert_record(logger: &SdkLogger, event: &str, a: &Alert) {
         }
     }
     r.set_body(AnyValue::from(format!(
-        "engine {}: alert {} {what}: {} iterations {:.0}% slower than the baseline predicts (moving mean of E {:.3}, UCL {:.3})",
+        "engine {}: alert {} {what}: {} iterations {:.0}% slower than the baseline predicts (moving mean of E {:.3}, threshold {:.3})",
         a.identity.short().unwrap_or_else(|| format!("pid {}", a.pid)),
         a.id,
         a.stage,
-        100.0 * a.moving_mean,
+        100.0 * (a.window_slowdown() - 1.0),
         a.moving_mean,
         a.ucl
     )));

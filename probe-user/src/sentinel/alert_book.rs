@@ -74,9 +74,9 @@ impl AlertBook {
             self.observed_us = it.duration_us();
             self.predicted_us = v.predicted_us.unwrap_or_default();
             warn!(
-                "engine {}: ALERT decode iterations {:.0}% slower than the baseline predicts (moving mean of E {:.3} > UCL {:.3})",
+                "engine {}: ALERT decode iterations {:.0}% slower than the baseline predicts (moving mean of E {:.3} over the threshold {:.3})",
                 self.pid,
-                100.0 * alert.moving_mean,
+                100.0 * (alert.window_slowdown() - 1.0),
                 alert.moving_mean,
                 alert.ucl
             );
