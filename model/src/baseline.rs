@@ -141,6 +141,17 @@ pub fn positive_error(actual_us: f64, predicted_us: f64, epsilon_us: f64) -> f64
     ((actual_us - predicted_us) / (actual_us + epsilon_us)).max(0.0)
 }
 
+/// The slowdown (observed over predicted duration) an error E stands for: E = 1 − 1/s (ε
+/// aside), so s = 1/(1 − E).
+pub fn slowdown_of_error(e: f64) -> f64 {
+    1.0 / (1.0 - e).max(1e-9)
+}
+
+/// The error E of an iteration `slowdown` times its prediction (0 for none slower).
+pub fn error_of_slowdown(slowdown: f64) -> f64 {
+    1.0 - 1.0 / slowdown.max(1.0)
+}
+
 /// The prediction for `w`: `empty_step_us` for a step that computed no token, where
 /// training had such steps (see [`Baseline::predict`]), else the regressor's.
 #[inline]

@@ -54,10 +54,10 @@ impl Default for DetectorParams {
 }
 
 impl DetectorParams {
-    /// The threshold the moving mean is compared with, for a UCL: E = 1 − 1/slowdown is
-    /// the error of an iteration `slowdown` times its prediction.
+    /// The threshold the moving mean is compared with, for a UCL: the UCL, or the error of
+    /// `min_slowdown` when that is larger.
     pub fn threshold(&self, ucl: f64) -> f64 {
-        ucl.max(1.0 - 1.0 / self.min_slowdown.max(1.0))
+        ucl.max(crate::baseline::error_of_slowdown(self.min_slowdown))
     }
 }
 

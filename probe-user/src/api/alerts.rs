@@ -71,9 +71,9 @@ pub enum Severity {
 
 impl Alert {
     /// How much slower than predicted the iterations of the window that raised it ran, by the
-    /// moving mean of E: an iteration `s` times its prediction has E = 1 − 1/s.
+    /// moving mean of E.
     pub fn window_slowdown(&self) -> f64 {
-        1.0 / (1.0 - self.moving_mean).max(1e-9)
+        model::baseline::slowdown_of_error(self.moving_mean)
     }
 }
 

@@ -124,7 +124,7 @@ pub fn run(
         }
         let ended = a["ended_unix_ms"].as_f64().map_or(to_us, |e| e * 1e3);
         let threshold = detector.threshold(a["ucl"].as_f64().unwrap_or(0.0));
-        let needed = 1.0 / (1.0 - threshold).max(1e-9);
+        let needed = model::baseline::slowdown_of_error(threshold);
         let j = pace.judge(started - lead_in, ended);
         let raised_by = raised_by(&pace, &rows, started - lead_in, started);
         let explained = [raised_by, j.elapsed, j.period]
