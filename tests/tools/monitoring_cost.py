@@ -64,4 +64,5 @@ def main():
               % (sys.version.split()[0], k, st.median(v), st.mean(change), half))
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -14,12 +14,20 @@ const VERSIONS: [&str; 4] = ["3.10", "3.11", "3.12", "3.13"];
 /// Attached rounds per writer and version (each after a round without the probe): enough
 /// pairs for the unwatched calls' change to be resolved to about 2 %.
 const PAIRS: usize = 30;
-/// Processes per arm and version for the unwatched calls alone, each one pair.
-const ALONE_PAIRS: usize = 20;
-/// A fresh target's warm-up before its rounds are measured.
-const WARM_UP: Duration = Duration::from_secs(1);
-/// The later round starts this long after the attach (or the moment it would have been).
-const SETTLED: Duration = Duration::from_secs(3);
+/// Held/detached cycles per process for the unwatched calls alone.
+const CYCLES: usize = 8;
+/// Processes per version for the unwatched calls alone.
+const PROCESSES: usize = 4;
+/// A target's age before its unwatched calls are measured: past the speed-up of a young
+/// process.
+const YOUTH: Duration = Duration::from_secs(10);
+/// A state's periods are measured this long after the attach or detach that began it: early
+/// (an attach's disturbance has been seen to last past 2 s on 3.11-3.13) and late.
+const SETTLE: [Duration; 2] = [Duration::from_secs(2), Duration::from_secs(6)];
+/// Rounds per period (their median is its level).
+const PERIOD_ROUNDS: usize = 5;
+/// About one held/detached cycle: the control's two periods are this far apart.
+const CYCLE: Duration = Duration::from_secs(13);
 
 struct Target {
     child: Child,
@@ -64,6 +72,26 @@ impl Target {
                 });
             }
         }
+    }
+
+    /// The levels of unwatched calls [`SETTLE`]'s delays from now, each a [`Target::period`].
+    fn periods(&mut self) -> Result<[f64; 2]> {
+        let start = Instant::now();
+        let mut levels = [0.0; 2];
+        for (level, delay) in levels.iter_mut().zip(SETTLE) {
+            std::thread::sleep(delay.saturating_sub(start.elapsed()));
+            *level = self.period()?;
+        }
+        Ok(levels)
+    }
+
+    /// The level of unwatched calls over the next [`PERIOD_ROUNDS`] rounds, ns per call: their
+    /// median.
+    fn period(&mut self) -> Result<f64> {
+        let rounds = (0..PERIOD_ROUNDS)
+            .map(|_| Ok(self.round()?.unwatched))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(median(rounds))
     }
 }
 
@@ -234,42 +262,71 @@ pub fn run() -> Result<()> {
 /// alone do to other code, apart from the record traffic of a thread that also calls a
 /// watched function millions of times a second (the table above).
 ///
-/// A loop's speed in one process moves by several % whenever anything allocates (measured:
-/// one 3.11 process ran the loop at 29.8, 30.9 and 28.0 ns per call before, during and after
-/// an attach, its level changing at each event and holding in between), and a young process
-/// speeds up over its first seconds. So each pair is a fresh process (its own randomised
-/// addresses), and the processes take turns in three arms with the same timeline: the probe
-/// attached after the first round and held, the probe attached and at once detached (what the
-/// attach leaves behind without a probe in place: the modules it loaded, the allocations it
-/// made), or nothing done. Each arm's effect is the difference of its mean change and the
-/// last arm's.
+/// Rounds of one long-lived process, the probe attached and detached in turn. Fresh processes
+/// cannot resolve this: one fresh process's change from its first round spreads over about
+/// ±14 % (SD) as it speeds up over its first seconds, and 80 processes per arm left a 95 % CI of
+/// ±4.4 %. Past its youth, a process's loop holds a level and moves to another at events that
+/// allocate (an attach or a detach is one), so a held period is compared with the mean of the
+/// detached periods on either side (which cancels a linear drift), over many cycles and a few
+/// processes (each its own randomised addresses). Each state is measured twice, 2 s and 6 s
+/// after its change: on 3.11-3.13 the loop ran about 2 % slower 2 s after an attach than 2 s
+/// after a detach, and not 6 s after, while the probe run in the process without the
+/// injection showed no change at once (`tests/tools/probe_cost.py`). The probe's residue,
+/// what the attach leaves once detached (modules loaded, the ring's pages), is the first
+/// detached period over the period before the first attach; its control is two periods
+/// before any attach, a cycle apart.
 ///
-/// `STALLSCOPE_PYTHON_ALONE_PAIRS` sets the processes per arm (default 20) and
+/// `STALLSCOPE_PYTHON_CYCLES` sets the held/detached cycles per process (default 8),
+/// `STALLSCOPE_PYTHON_PROCESSES` the processes per version (default 4) and
 /// `STALLSCOPE_PYTHON_VERSIONS` the CPython versions (comma-separated; default 3.10-3.13).
 pub fn unwatched_alone() -> Result<()> {
-    let per_arm = alone_pairs()?;
+    let cycles = crate::env_count("STALLSCOPE_PYTHON_CYCLES", CYCLES, "cycles")?;
+    let processes = crate::env_count("STALLSCOPE_PYTHON_PROCESSES", PROCESSES, "processes")?;
     let versions = versions()?;
-    println!("### Unwatched calls, the watched function not called ({per_arm} processes per arm and version)\n");
-    println!("`py_bench.py` with its rounds calling `unwatched` only, a fresh process each time: {} s of", WARM_UP.as_secs());
+    let [early, late] = SETTLE.map(|d| d.as_secs());
+    println!("### Unwatched calls, the watched function not called ({processes} processes × {cycles} cycles per version)\n");
     println!(
-        "warm-up, a round, then in turn the probe attached (`__main__:watched` watched, compiled"
+        "`py_bench.py` with its rounds calling `unwatched` only. Each process runs {} s, then in",
+        YOUTH.as_secs()
     );
-    println!("writer) and held, the probe attached and at once detached, or nothing done; then the first");
-    println!("round after that and the first {} s later, each over the first round. Effect: an arm's mean", SETTLED.as_secs());
-    println!("change minus the third arm's, with its 95 % CI.\n");
-    println!("| CPython | mechanism | unwatched: base (ns/call) | right after: attached / detached / not | effect attached / detached | {} s later: attached / detached / not | effect attached / detached |", SETTLED.as_secs());
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!("turn the probe attached (`__main__:watched` watched, compiled writer) and detached. Each state");
+    println!("has two periods, {early} s and {late} s after its change, each period's level the median of {PERIOD_ROUNDS} rounds.");
+    println!(
+        "Held: a held period over the mean of the detached periods as long after the detaches on"
+    );
+    println!(
+        "either side; first round: the first round after the attach over the late period before."
+    );
+    println!(
+        "Residue: the first detached period over the period before the first attach; control: two"
+    );
+    println!("periods before any attach, a cycle apart (both late). Mean change, 95 % CI over all cycles");
+    println!(
+        "(residue and control: over the processes); per process: its mean held change, late.\n"
+    );
+    println!("| CPython | mechanism | unwatched: base (ns/call) | first round after the attach | held, {early} s after | held, {late} s after | residue | control | held {late} s after, per process |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---|");
     for version in &versions {
-        // [arm][point]: arm 0 attached, 1 attached and detached, 2 nothing; point 0 right
-        // after, 1 later.
-        let mut pairs: [[Vec<(Round, Round)>; 2]; 3] = Default::default();
+        let mut held: [Vec<f64>; 2] = Default::default();
+        let mut first = Vec::new();
+        let mut residue = Vec::new();
+        let mut control = Vec::new();
+        let mut per_process = Vec::new();
+        let mut base = Vec::new();
         let mut mechanism = String::new();
-        for i in 0..3 * per_arm {
-            let arm = i % 3;
+        for _ in 0..processes {
             let mut t = Target::start(version, "unwatched")?;
-            std::thread::sleep(WARM_UP);
-            let base = t.round()?;
-            let session = if arm < 2 {
+            std::thread::sleep(YOUTH);
+            let before = t.period()?;
+            std::thread::sleep(CYCLE);
+            // Levels of the last detached state: [early, late]; before any attach, the late
+            // one alone is known (and is the early one's stand-in in the first cycle).
+            let late = t.period()?;
+            let mut detached = [late, late];
+            control.push(change(late, before));
+            base.push(late);
+            let mut mine = Vec::new();
+            for cycle in 0..cycles {
                 let s = Session::attach(
                     t.pid,
                     AttachOptions {
@@ -280,51 +337,47 @@ pub fn unwatched_alone() -> Result<()> {
                     },
                 )?;
                 mechanism.clone_from(&s.probes[0].mechanism);
-                Some(s)
-            } else {
-                None
-            };
-            let held = match session {
-                Some(s) if arm == 1 => {
-                    detach_empty(s, version)?;
-                    None
-                }
-                s => s,
-            };
-            pairs[arm][0].push((base, t.round()?));
-            std::thread::sleep(SETTLED);
-            pairs[arm][1].push((base, t.round()?));
-            if let Some(s) = held {
+                first.push(change(t.round()?.unwatched, detached[1]));
+                let h = t.periods()?;
                 detach_empty(s, version)?;
+                let after = t.periods()?;
+                if cycle == 0 {
+                    residue.push(change(after[1], detached[1]));
+                }
+                for k in 0..2 {
+                    held[k].push(change(h[k], (detached[k] + after[k]) / 2.0));
+                }
+                mine.push(*held[1].last().expect("pushed"));
+                detached = after;
             }
+            per_process.push(crate::bench_sentinel::mean_ci95(&mine).0);
         }
-        let cell = |point: usize| {
-            let c: Vec<(f64, f64)> = pairs.iter().map(|a| unwatched_change(&a[point])).collect();
-            let effect = |arm: usize| {
-                format!(
-                    "{:+.2} % (±{:.2})",
-                    c[arm].0 - c[2].0,
-                    c[arm].1.hypot(c[2].1)
-                )
-            };
-            format!(
-                "{:+.2} / {:+.2} / {:+.2} % | {} / {}",
-                c[0].0,
-                c[1].0,
-                c[2].0,
-                effect(0),
-                effect(1)
-            )
+        let ci = |v: &[f64]| {
+            let (m, w) = crate::bench_sentinel::mean_ci95(v);
+            format!("{m:+.2} % (±{w:.2})")
         };
         println!(
-            "| {version} | {mechanism} | {:.1} | {} | {} |",
-            median(pairs[2][0].iter().map(|(b, _)| b.unwatched).collect()),
-            cell(0),
-            cell(1),
+            "| {version} | {mechanism} | {:.1} | {} | {} | {} | {} | {} | {} |",
+            median(base),
+            ci(&first),
+            ci(&held[0]),
+            ci(&held[1]),
+            ci(&residue),
+            ci(&control),
+            per_process
+                .iter()
+                .map(|m| format!("{m:+.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     println!();
     Ok(())
+}
+
+/// `a` over `b`, % change.
+fn change(a: f64, b: f64) -> f64 {
+    (a / b - 1.0) * 100.0
 }
 
 /// Detaches `session`, whose watched function was never called: it must have no records.
@@ -334,11 +387,6 @@ fn detach_empty(session: Session, version: &str) -> Result<()> {
     session.detach()?;
     anyhow::ensure!(records.is_empty(), "{version}: records from uncalled code");
     Ok(())
-}
-
-/// Processes per arm, `STALLSCOPE_PYTHON_ALONE_PAIRS` or [`ALONE_PAIRS`].
-fn alone_pairs() -> Result<usize> {
-    crate::env_count("STALLSCOPE_PYTHON_ALONE_PAIRS", ALONE_PAIRS, "processes")
 }
 
 /// The CPython versions to measure, `STALLSCOPE_PYTHON_VERSIONS` or all of [`VERSIONS`].
