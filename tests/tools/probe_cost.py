@@ -17,8 +17,8 @@ import sys
 import tempfile
 import time
 
-# The loop and the functions of monitoring_cost.py; `watched` is looked up as __main__:watched.
-from monitoring_cost import loop, watched  # noqa: F401
+# monitoring_cost.py's loop of `unwatched` calls, timed; `watched` is looked up as __main__:watched.
+from monitoring_cost import measure, watched  # noqa: F401
 
 PROBE = os.path.join(os.path.dirname(__file__), "../../pyframe-tracer/src/probe.py")
 # The ring's header as pyframe-tracer/src/ring.rs writes it (magic, version, record size,
@@ -27,16 +27,8 @@ MAGIC, VERSION, RECORD_SIZE, RECORDS = 0x3152504353_4C5453, 2, 128, 65536
 LANES, CAPACITY = 2, 1024
 
 
-def level(rounds=10, chunks=10, n=20000):
-    per = []
-    for _ in range(rounds):
-        out = []
-        for _ in range(chunks):
-            c = time.thread_time_ns()
-            loop(n)
-            out.append((time.thread_time_ns() - c) / n)
-        per.append(st.median(out))
-    return st.median(per)
+def level(rounds=10):
+    return st.median(measure(chunks=10) for _ in range(rounds))
 
 
 def ring_file():

@@ -151,7 +151,7 @@ impl Arm {
 fn unwatched_change(pairs: &[(Round, Round)]) -> (f64, f64) {
     let ratios: Vec<f64> = pairs
         .iter()
-        .map(|(b, r)| (r.unwatched / b.unwatched - 1.0) * 100.0)
+        .map(|(b, r)| change(r.unwatched, b.unwatched))
         .collect();
     crate::bench_sentinel::mean_ci95(&ratios)
 }
@@ -311,7 +311,6 @@ pub fn unwatched_alone() -> Result<()> {
         let mut first = Vec::new();
         let mut residue = Vec::new();
         let mut control = Vec::new();
-        let mut per_process = Vec::new();
         let mut base = Vec::new();
         let mut mechanism = String::new();
         for _ in 0..processes {
@@ -325,7 +324,6 @@ pub fn unwatched_alone() -> Result<()> {
             let mut detached = [late, late];
             control.push(change(late, before));
             base.push(late);
-            let mut mine = Vec::new();
             for cycle in 0..cycles {
                 let s = Session::attach(
                     t.pid,
@@ -347,10 +345,8 @@ pub fn unwatched_alone() -> Result<()> {
                 for k in 0..2 {
                     held[k].push(change(h[k], (detached[k] + after[k]) / 2.0));
                 }
-                mine.push(*held[1].last().expect("pushed"));
                 detached = after;
             }
-            per_process.push(crate::bench_sentinel::mean_ci95(&mine).0);
         }
         let ci = |v: &[f64]| {
             let (m, w) = crate::bench_sentinel::mean_ci95(v);
@@ -364,9 +360,9 @@ pub fn unwatched_alone() -> Result<()> {
             ci(&held[1]),
             ci(&residue),
             ci(&control),
-            per_process
-                .iter()
-                .map(|m| format!("{m:+.1}"))
+            held[1]
+                .chunks(cycles)
+                .map(|p| format!("{:+.1}", crate::bench_sentinel::mean_ci95(p).0))
                 .collect::<Vec<_>>()
                 .join(", ")
         );
