@@ -221,6 +221,75 @@ fn traces_a_live_process_and_gives_everything_back() {
     nothing_left(&t);
 }
 
+#[test]
+fn sampled_tracing_records_every_launch_inside_its_spans_and_none_far_outside() {
+    require_root();
+    let t = Target::start("gpu-sampled", None, &[]);
+    let dir = tmpdir("gpu-sampled-out");
+    let trace = dir.join("gpu.pftrace");
+    let out = gpu(
+        t.pid(),
+        &["--sample", "200ms/600ms", "-o", trace.to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["sampling"], "200ms/600ms", "{r}");
+    let spans: Vec<(u64, u64)> = serde_json::from_value(r["traced_ns"].clone()).unwrap();
+    let [from, to]: [u64; 2] = serde_json::from_value(r["window_ns"].clone()).unwrap();
+    // A 2 s window holds three or four 200 ms spans (the first may be cut by the window).
+    assert!((3..=5).contains(&spans.len()), "spans {spans:?}: {r}");
+    let traced: u64 = spans.iter().map(|(a, b)| b - a).sum();
+    assert!(
+        traced * 2 < to - from,
+        "{traced} ns of {} traced",
+        to - from
+    );
+    for (a, b) in &spans {
+        assert!(b - a <= 260_000_000, "a span of {} ms", (b - a) / 1_000_000);
+    }
+    // The switch's own stamps are taken inside it: a launch up to 50 ms outside a span may
+    // still be recorded, none further.
+    const SLACK: u64 = 50_000_000;
+    let d = perfetto_writer::read::decode(&std::fs::read(&trace).unwrap()).unwrap();
+    let (kernels, pairs) = kernel_calls(&d, t.pid());
+    assert_eq!(pairs.len(), kernels, "every kernel's flow starts at a call");
+    let launches = t.launches.lock().unwrap();
+    let recorded: std::collections::HashSet<u32> = pairs
+        .iter()
+        .map(|(k, _)| match k.args["correlation_id"] {
+            perfetto_writer::read::ArgValue::Int(c) => c as u32,
+            ref other => panic!("{other:?}"),
+        })
+        .collect();
+    let mut inside = 0;
+    for (corr, &(t0, t1)) in launches.iter() {
+        if t0 < from || t1 > to {
+            continue;
+        }
+        if spans.iter().any(|&(a, b)| a <= t0 && t1 <= b) {
+            inside += 1;
+            assert!(
+                recorded.contains(corr),
+                "launch {corr} inside a span was not recorded"
+            );
+        } else if recorded.contains(corr) {
+            assert!(
+                spans
+                    .iter()
+                    .any(|&(a, b)| a.saturating_sub(SLACK) <= t0 && t1 <= b + SLACK),
+                "launch {corr} at {t0} was recorded far outside every span {spans:?}"
+            );
+        }
+    }
+    assert!(inside > 100, "{inside} launches inside the spans");
+    drop(launches);
+    nothing_left(&t);
+}
+
 type Slice = perfetto_writer::read::Slice;
 
 /// The kernel slices on the stream track, and each (kernel, call) pair where the kernel ends a
@@ -371,9 +440,18 @@ fn the_sentinel_measures_gpu_time_per_iteration() {
         );
         std::thread::sleep(Duration::from_millis(500));
     };
+    let plane = engine["gpu_plane"].as_str().unwrap();
     assert!(
-        engine["gpu_plane"].as_str().unwrap().starts_with("on: "),
+        plane.starts_with("on: ") && plane.ends_with("tracing 1s/10s"),
         "{engine}"
+    );
+    // The default samples a tenth of the time: only iterations inside a traced second have
+    // GPU figures.
+    let decode = engine["iterations"]["decode"].as_u64().unwrap();
+    let with_gpu = engine["gpu_iterations"].as_u64().unwrap();
+    assert!(
+        with_gpu * 2 < decode,
+        "{with_gpu} of {decode} iterations have GPU figures under 1s/10s sampling: {engine}"
     );
     // Each step launches 460 µs of GPU work and waits for it: the GPU is busy for most of it.
     let void = engine["gpu_void_ratio"].as_f64().unwrap();

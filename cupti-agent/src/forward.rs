@@ -22,26 +22,35 @@ struct State {
     reader: RecordReader,
     channel: Channel,
     /// Kernel names already sent, by content.
-    names: Mutex<HashMap<Vec<u8>, u32>>,
+    names: Mutex<SentNames>,
 }
 
 static STATE: RwLock<Option<State>> = RwLock::new(None);
 
+/// Kernel names sent through a channel, by content: one agent run's ids, kept across its
+/// traced stretches (the daemon keeps the names it was sent).
+pub type SentNames = HashMap<Vec<u8>, u32>;
+
 /// Makes the callbacks forward the records `reader` walks into the channel mapped at
-/// `channel`.
-pub fn install(reader: RecordReader, channel: &Channel) {
+/// `channel`; `names` were sent before.
+pub fn install(reader: RecordReader, channel: &Channel, names: SentNames) {
     let state = State {
         reader,
         // SAFETY: `uninstall` runs before the agent unmaps the channel.
         channel: unsafe { channel.alias() },
-        names: Mutex::new(HashMap::new()),
+        names: Mutex::new(names),
     };
     *STATE.write().unwrap_or_else(|p| p.into_inner()) = Some(state);
 }
 
-/// Stops forwarding; returns once no callback is inside the channel.
-pub fn uninstall() {
-    *STATE.write().unwrap_or_else(|p| p.into_inner()) = None;
+/// Stops forwarding; returns once no callback is inside the channel, with the names sent.
+pub fn uninstall() -> SentNames {
+    STATE
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .map(|s| s.names.into_inner().unwrap_or_else(|p| p.into_inner()))
+        .unwrap_or_default()
 }
 
 /// Pushes one event (the agent's own clock samples).

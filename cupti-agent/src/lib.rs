@@ -8,7 +8,10 @@
 //! can; a slot held by a tool that does not share is reported, never fought), enables
 //! kernel, memcpy, memset, runtime/driver API, synchronization and external-correlation
 //! records (API records with the kernel's thread ids, and none for the queries that do no GPU
-//! work: `QUIET_RUNTIME_API`, `QUIET_DRIVER_API`), and forwards them through the channel with clock calibration samples. When the
+//! work: `QUIET_RUNTIME_API`, `QUIET_DRIVER_API`), and forwards them through the channel with
+//! clock calibration samples. It traces only the share of the time the daemon asks for
+//! (`cupti_sys::sampling`), letting CUPTI go between stretches and saying each switch in the
+//! channel. When the
 //! daemon asks to detach, or stops beating for 30 s, it disables, flushes and unsubscribes
 //! (and finalizes CUPTI unless it shares it), then ends, after which the library can be
 //! unloaded. Nothing here panics across FFI: every entry point catches unwinds.
@@ -123,28 +126,79 @@ fn agent() {
 unsafe extern "C" fn ignore_callback(_: *mut libc::c_void, _: u32, _: u32, _: *const libc::c_void) {
 }
 
-/// Subscribes, traces until told to stop, and always gives CUPTI back.
+/// Why a traced stretch ended.
+#[derive(PartialEq)]
+enum End {
+    /// The daemon asked to detach, or went silent.
+    Detach,
+    /// The sampling's untraced part began.
+    Untraced,
+}
+
+/// Traces in stretches (all the time unless the daemon samples) until told to stop.
+///
+/// Between stretches CUPTI is let go entirely (unsubscribed and, unless shared, finalized),
+/// not just left with its kinds disabled: on an H200 a subscriber with every kind off still
+/// cost a GPU-bound loop 2.4 % and an eager one ~14 % (`cargo xtask gpu-check`, BENCHMARKS.md).
 fn trace(channel: &Channel) -> Result<(), String> {
     let cupti = Cupti::load().map_err(|e| e.to_string())?;
     channel.set_cupti_version(cupti.version().unwrap_or(0));
-    let sub = subscription::subscribe(&cupti, ignore_callback, c"stallscope")
+    let mut names = forward::SentNames::new();
+    loop {
+        if stretch(&cupti, channel, &mut names)? == End::Detach || !untraced(channel) {
+            return Ok(());
+        }
+    }
+}
+
+/// Whether the daemon is gone or asks to detach.
+fn told_to_stop(channel: &Channel, now: u64) -> bool {
+    let beat = channel.heartbeat();
+    channel.control() == control::DETACH
+        || (beat != 0 && now.saturating_sub(beat) > ORPHAN_AFTER_NS)
+}
+
+/// Waits out the untraced part; false when told to stop meanwhile.
+fn untraced(channel: &Channel) -> bool {
+    loop {
+        let now = monotonic_ns();
+        if told_to_stop(channel, now) {
+            return false;
+        }
+        let sampling = channel.sampling();
+        if sampling.is_on(now) {
+            return true;
+        }
+        let nap = sampling.next_change(now).map_or(FLUSH_EVERY, |t| {
+            Duration::from_nanos(t - now).min(FLUSH_EVERY)
+        });
+        std::thread::sleep(nap.max(Duration::from_millis(1)));
+    }
+}
+
+/// One traced stretch: subscribes, traces until the sampling turns off or the daemon asks to
+/// stop, and always gives CUPTI back.
+fn stretch(
+    cupti: &Cupti,
+    channel: &Channel,
+    names: &mut forward::SentNames,
+) -> Result<End, String> {
+    let sub = subscription::subscribe(cupti, ignore_callback, c"stallscope")
         .map_err(|e| e.to_string())?;
     channel.set_subscription(sub.mode().code());
-    forward::install(sub.reader(), channel);
+    forward::install(sub.reader(), channel, std::mem::take(names));
     let thread_ids = sub.use_system_thread_ids();
     let mut enabled = Vec::new();
-    let outcome = run(&cupti, &sub, channel, &mut enabled);
+    let outcome = run(cupti, &sub, channel, &mut enabled);
     // Give everything back, whatever happened.
-    for k in enabled.iter().rev() {
-        sub.disable(*k);
-    }
+    switch_off(&sub, &mut enabled);
     if let Some(previous) = thread_ids {
         sub.restore_thread_ids(previous);
     }
     // SAFETY: documented signature; the forced flush delivers the last buffers to us.
     unsafe { (cupti.activity_flush_all)(FLUSH_FORCED) };
     sub.unsubscribe();
-    forward::uninstall();
+    *names = forward::uninstall();
     outcome
 }
 
@@ -153,30 +207,23 @@ fn run(
     sub: &Subscription,
     channel: &Channel,
     enabled: &mut Vec<u32>,
-) -> Result<(), String> {
+) -> Result<End, String> {
     sub.register_callbacks(
         (forward::buffer_requested, forward::buffer_completed),
         (forward::buffer_requested_v2, forward::buffer_completed_v2),
     )
     .map_err(|e| e.to_string())?;
-    for k in KINDS {
-        match sub.enable(k) {
-            Ok(()) => enabled.push(k),
-            Err(e) if k == REQUIRED => return Err(format!("{e} for kernel records")),
-            Err(_) => {}
-        }
-    }
-    let ids = |t: &[(u32, &str)]| t.iter().map(|(id, _)| *id).collect::<Vec<_>>();
-    sub.quiet(&ids(&QUIET_RUNTIME_API), &ids(&QUIET_DRIVER_API));
+    switch_on(sub, enabled)?;
     channel.set_state(state::RUNNING);
     let mut last_clock: Option<Instant> = None;
     loop {
-        if channel.control() == control::DETACH {
-            return Ok(());
+        let now = monotonic_ns();
+        if told_to_stop(channel, now) {
+            return Ok(End::Detach);
         }
-        let beat = channel.heartbeat();
-        if beat != 0 && monotonic_ns().saturating_sub(beat) > ORPHAN_AFTER_NS {
-            return Ok(());
+        let sampling = channel.sampling();
+        if !sampling.is_on(now) {
+            return Ok(End::Untraced);
         }
         if last_clock.is_none_or(|t| t.elapsed() >= CLOCK_EVERY) {
             let mono_before_ns = monotonic_ns();
@@ -191,6 +238,44 @@ fn run(
         }
         // SAFETY: documented signature; completed buffers come back through our callback.
         unsafe { (cupti.activity_flush_all)(0) };
-        std::thread::sleep(FLUSH_EVERY);
+        // Until the next flush, or the end of the stretch if that comes first.
+        let now = monotonic_ns();
+        let nap = sampling.next_change(now).map_or(FLUSH_EVERY, |t| {
+            Duration::from_nanos(t - now).min(FLUSH_EVERY)
+        });
+        std::thread::sleep(nap.max(Duration::from_millis(1)));
+    }
+}
+
+/// Enables [`KINDS`] (the required one must come on) and quiets the queries; then says so.
+fn switch_on(sub: &Subscription, enabled: &mut Vec<u32>) -> Result<(), String> {
+    for k in KINDS {
+        match sub.enable(k) {
+            Ok(()) => enabled.push(k),
+            Err(e) if k == REQUIRED => return Err(format!("{e} for kernel records")),
+            Err(_) => {}
+        }
+    }
+    // Enabling a kind turns each of its functions on again.
+    let ids = |t: &[(u32, &str)]| t.iter().map(|(id, _)| *id).collect::<Vec<_>>();
+    sub.quiet(&ids(&QUIET_RUNTIME_API), &ids(&QUIET_DRIVER_API));
+    forward::push(&Event::Tracing {
+        on: true,
+        at_ns: monotonic_ns(),
+    });
+    Ok(())
+}
+
+/// Says tracing stops, then disables what is enabled, in the reverse order.
+fn switch_off(sub: &Subscription, enabled: &mut Vec<u32>) {
+    if enabled.is_empty() {
+        return;
+    }
+    forward::push(&Event::Tracing {
+        on: false,
+        at_ns: monotonic_ns(),
+    });
+    for k in enabled.drain(..).rev() {
+        sub.disable(k);
     }
 }

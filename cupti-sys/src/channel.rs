@@ -2,9 +2,9 @@
 //!
 //! One file, created by the daemon in the target's `/dev/shm` as `stallscope-gpu-<pid>` before
 //! the agent is loaded, and mapped by both. A 4 KiB header (state, control word, sequence
-//! numbers, loss counters, CUPTI version and subscription mode, the agent's last error) is
-//! followed by a ring of fixed 64-byte [`Event`] slots. Single producer (the agent serialises its CUPTI callbacks), single
-//! consumer; the producer never blocks: a full ring counts a lost event. x86-64 keeps stores
+//! numbers, loss counters, CUPTI version and subscription mode, the sampling the daemon asks
+//! for, the agent's last error) is followed by a ring of fixed 64-byte [`Event`] slots. Single
+//! producer (the agent serialises its CUPTI callbacks), single consumer; the producer never blocks: a full ring counts a lost event. x86-64 keeps stores
 //! in order, and `write_seq` is published with release ordering after the slot bytes.
 
 use std::sync::{
@@ -62,6 +62,7 @@ mod hdr {
     pub const CUPTI_VERSION: usize = 64;
     pub const AGENT_TID: usize = 72;
     pub const SUBSCRIPTION: usize = 76;
+    pub const SAMPLING: usize = 80;
     pub const ERROR: usize = 128;
 }
 
@@ -127,6 +128,15 @@ pub enum Event {
         /// The bytes (first `len` used).
         bytes: [u8; NAME_CHUNK],
     },
+    /// The agent turned its activity kinds on (stamped once they are all on) or off
+    /// (stamped before the first goes off): between an on and the next off, every launch was
+    /// traced ([`crate::sampling`]).
+    Tracing {
+        /// On or off.
+        on: bool,
+        /// CLOCK_MONOTONIC ns.
+        at_ns: u64,
+    },
     /// A clock calibration sample: CUPTI's clock read between two CLOCK_MONOTONIC reads.
     Clock {
         /// cuptiGetTimestamp.
@@ -148,6 +158,7 @@ mod tag {
     pub const EXT_CORR: u32 = 7;
     pub const NAME: u32 = 8;
     pub const CLOCK: u32 = 9;
+    pub const TRACING: u32 = 10;
 }
 
 /// Slot layout: tag u32, three u32 words, then six u64 words.
@@ -288,6 +299,11 @@ impl Event {
                 w: [0; 3],
                 q: [cupti_ns, mono_before_ns, mono_after_ns, 0, 0, 0],
             },
+            Event::Tracing { on, at_ns } => Words {
+                tag: tag::TRACING,
+                w: [u32::from(on), 0, 0],
+                q: [at_ns, 0, 0, 0, 0, 0],
+            },
         };
         let mut out = [0u8; SLOT];
         w.write(&mut out);
@@ -376,6 +392,10 @@ impl Event {
                 cupti_ns: q[0],
                 mono_before_ns: q[1],
                 mono_after_ns: q[2],
+            },
+            tag::TRACING => Event::Tracing {
+                on: w[0] != 0,
+                at_ns: q[0],
             },
             _ => return None,
         })
@@ -562,6 +582,17 @@ impl Channel {
     pub fn set_subscription(&self, mode: u32) {
         self.u32_at(hdr::SUBSCRIPTION)
             .store(mode, Ordering::Release);
+    }
+
+    /// The share of the time the agent traces (the daemon's choice; always on until set).
+    pub fn sampling(&self) -> crate::sampling::Sampling {
+        crate::sampling::Sampling::from_word(self.u64_at(hdr::SAMPLING).load(Ordering::Acquire))
+    }
+
+    /// Sets the share of the time the agent traces; it follows within a flush period.
+    pub fn set_sampling(&self, s: crate::sampling::Sampling) {
+        self.u64_at(hdr::SAMPLING)
+            .store(s.word(), Ordering::Release);
     }
 
     /// The agent's last error text.
@@ -761,6 +792,14 @@ mod tests {
                 mono_before_ns: 5_000,
                 mono_after_ns: 5_200,
             },
+            Event::Tracing {
+                on: true,
+                at_ns: 9_000,
+            },
+            Event::Tracing {
+                on: false,
+                at_ns: 9_500,
+            },
         ];
         v.extend(Event::name_chunks(
             3,
@@ -865,6 +904,10 @@ mod tests {
         assert_eq!(b.control(), control::DETACH);
         b.beat(77);
         assert_eq!(a.heartbeat(), 77);
+        assert!(b.sampling().always());
+        let s: crate::sampling::Sampling = "1s/10s".parse().unwrap();
+        b.set_sampling(s);
+        assert_eq!(a.sampling(), s);
         a.fail(&"x".repeat(5000));
         assert_eq!(b.state(), state::FAILED);
         assert_eq!(b.error().len(), ERROR_LEN - 1);

@@ -8,12 +8,14 @@
 //! `tests/layout.rs` checks them against the headers of the `nvidia-cuda-cupti` wheels when
 //! those can be downloaded. [`subscription`] takes CUPTI's subscriber slot (shared with other
 //! tools where CUPTI >= 13.3 allows it, never fought for), and [`channel`] is the shared-memory
-//! format between the injected agent and the daemon.
+//! format between the injected agent and the daemon, [`sampling`] the share of the time it
+//! traces.
 
 pub mod channel;
 pub mod library;
 pub mod record;
 pub mod result;
+pub mod sampling;
 pub mod subscription;
 
 /// Activity kinds (`CUpti_ActivityKind`) the agent enables, as plain integers: a kind this

@@ -3,6 +3,7 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context, Result};
+use cupti_sys::sampling::Sampling;
 use model::{
     baseline::BaselineParams,
     detector::{DetectorParams, Span},
@@ -489,6 +490,19 @@ pub struct SentinelConfig {
     /// GPU busy time, launch latency and void share (absent: on).
     #[serde(default = "on")]
     pub gpu: bool,
+    /// The share of the time that GPU plane traces: `"always"`, or ON/EVERY (`"1s/10s"`):
+    /// CUPTI costs the engine per kernel launch while it traces, and the per-iteration
+    /// figures come from the traced stretches only (absent: "1s/10s"). Deep dives trace
+    /// their whole window.
+    #[serde(with = "sampling_text", default = "gpu_sample")]
+    pub gpu_sample: Sampling,
+}
+
+fn gpu_sample() -> Sampling {
+    Sampling {
+        on_ms: 1000,
+        every_ms: 10_000,
+    }
 }
 
 fn on() -> bool {
@@ -747,6 +761,17 @@ mod span_text {
 }
 
 /// Durations written like `2s` or `500ms`.
+mod sampling_text {
+    use cupti_sys::sampling::Sampling;
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Sampling, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 mod duration_text {
     use std::time::Duration;
 

@@ -87,6 +87,10 @@ enum Task {
         /// A/B rounds (detached, then attached) on each loop.
         #[arg(long, default_value_t = 4)]
         rounds: usize,
+        /// Rounds of sampled tracing (detached, then `stallscope gpu --sample 1s/3s`) on
+        /// each loop.
+        #[arg(long, default_value_t = 3)]
+        sampled_rounds: usize,
         /// Only the A/B rounds (no deep dive, no sentinel).
         #[arg(long)]
         attach_only: bool,
@@ -192,8 +196,9 @@ fn main() -> Result<()> {
         Task::GpuCheck {
             out,
             rounds,
+            sampled_rounds,
             attach_only,
-        } => gpu_check::run(out, rounds, attach_only),
+        } => gpu_check::run(out, rounds, sampled_rounds, attach_only),
         Task::Image { tag, check } => image::build(&tag, check),
         Task::Vllm { cmd } => vllm::run(cmd),
     }

@@ -8,7 +8,9 @@ use anyhow::{Context, Result};
 use perfetto_writer::{ClockReadings, TraceWriter};
 use serde_json::json;
 
-use crate::gpu_plane::{agent_library, summary, GpuPlane};
+use cupti_sys::sampling::Sampling;
+
+use crate::gpu_plane::{agent_library, summary, traced::Traced, GpuPlane};
 use crate::{os::clock::monotonic_ns, os::procfs, os::stop_flag};
 
 /// Options of `stallscope gpu`.
@@ -26,6 +28,11 @@ pub struct GpuArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// The share of the time CUPTI traces: "always", or ON/EVERY ("1s/10s"), on while
+    /// CLOCK_MONOTONIC modulo EVERY is under ON; the report's figures cover the whole window,
+    /// its traced spans say which parts were traced.
+    #[arg(long, default_value = "always")]
+    pub sample: Sampling,
 }
 
 /// Runs `stallscope gpu`.
@@ -42,6 +49,7 @@ pub fn run(args: &GpuArgs) -> Result<()> {
     let agent = agent_library()?;
     stop_flag::install(false);
     let mut plane = GpuPlane::attach(args.pid, &agent)?;
+    plane.set_sampling(args.sample);
     let from = monotonic_ns();
     let mut events = Vec::new();
     let deadline = std::time::Instant::now() + args.duration;
@@ -62,6 +70,7 @@ pub fn run(args: &GpuArgs) -> Result<()> {
     let pid = plane.pid();
     let unloaded = plane.detach(&mut events)?;
     let s = summary::summarise(&events, from, to);
+    let traced = Traced::of(&events).within(from, to);
     let mut trace_slices = None;
     if let Some(f) = file {
         let mut w = TraceWriter::new(BufWriter::new(f), ClockReadings::now())?;
@@ -90,6 +99,9 @@ pub fn run(args: &GpuArgs) -> Result<()> {
         "cupti_version": version,
         "subscription": subscription,
         "window_s": (to - from) as f64 / 1e9,
+        "window_ns": [from, to],
+        "sampling": args.sample.to_string(),
+        "traced_ns": traced,
         "stopped_early": stopped_early,
         "summary": s,
         "clock": {
@@ -118,6 +130,15 @@ pub fn run(args: &GpuArgs) -> Result<()> {
         s.api_calls,
         s.synchronizations
     );
+    if !args.sample.always() {
+        let secs: u64 = traced.iter().map(|(a, b)| b - a).sum();
+        println!(
+            "  traced {} of the time ({} spans, {:.1} s)",
+            args.sample,
+            traced.len(),
+            secs as f64 / 1e9
+        );
+    }
     if let Some(c) = s.correlated_pct {
         println!("  joined to their launching call: {c:.1} %");
     }

@@ -2,11 +2,15 @@
 //! loaded, a short buffer of recent GPU events, and per-iteration GPU figures computed once
 //! CUPTI has delivered an iteration's records (they arrive up to a flush period late).
 //! Captures in progress get a copy of every event (the tap), so a deep dive of the engine
-//! needs no second agent.
+//! needs no second agent. The agents trace the configured share of the time
+//! ([`Sampling`]), all of it while a tap is on; an iteration gets figures only when every
+//! agent traced the whole of it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use super::{summary, GpuEvent, GpuPlane};
+use cupti_sys::sampling::Sampling;
+
+use super::{summary, traced::Traced, GpuEvent, GpuPlane};
 
 /// How long after an iteration's end its GPU records are taken as complete (the agent
 /// flushes every 200 ms; kernels are delivered once finished).
@@ -22,6 +26,7 @@ const MAX_PENDING: usize = 4096;
 struct Recent {
     events: VecDeque<GpuEvent>,
     api_start: HashMap<u32, u64>,
+    traced: Traced,
 }
 
 /// The engine's GPU agents and what they delivered.
@@ -32,15 +37,21 @@ pub struct GpuFeed {
     pending: VecDeque<(u64, u64)>,
     tap: Option<BTreeMap<u32, Vec<GpuEvent>>>,
     scratch: Vec<GpuEvent>,
+    sampling: Sampling,
+    /// Settled iterations given no figures because an agent was not tracing all through them.
+    untraced: u64,
 }
 
 impl GpuFeed {
-    /// Attaches an agent to every process of `pid`'s tree that has libcupti mapped; the
-    /// error says why there is none.
-    pub fn attach(pid: u32) -> Result<GpuFeed, String> {
+    /// Attaches an agent to every process of `pid`'s tree that has libcupti mapped, each
+    /// tracing `sampling`; the error says why there is none.
+    pub fn attach(pid: u32, sampling: Sampling) -> Result<GpuFeed, String> {
         let (planes, failed) = super::attach_tree(pid).map_err(|e| format!("{e:#}"))?;
         if planes.is_empty() {
             return Err(failed.join("; "));
+        }
+        for g in &planes {
+            g.set_sampling(sampling);
         }
         Ok(GpuFeed {
             recent: planes.iter().map(|_| Recent::default()).collect(),
@@ -48,6 +59,8 @@ impl GpuFeed {
             pending: VecDeque::new(),
             tap: None,
             scratch: Vec::new(),
+            sampling,
+            untraced: 0,
         })
     }
 
@@ -65,7 +78,17 @@ impl GpuFeed {
                 format!("{} (CUPTI {}{held})", g.pid(), g.cupti_version())
             })
             .collect();
-        format!("on: {}", procs.join(", "))
+        let sampled = if self.sampling.always() {
+            String::new()
+        } else {
+            format!(", tracing {}", self.sampling)
+        };
+        format!("on: {}{sampled}", procs.join(", "))
+    }
+
+    /// Settled iterations that got no figures because they were not traced all through.
+    pub fn untraced(&self) -> u64 {
+        self.untraced
     }
 
     /// Moves new events in (and into the tap).
@@ -79,8 +102,15 @@ impl GpuFeed {
                     .extend(self.scratch.iter().cloned());
             }
             for e in self.scratch.drain(..) {
-                if let cupti_sys::channel::Event::Api(a) = e.event {
-                    summary::note_api_start(&mut recent.api_start, a.correlation_id, a.start);
+                match e.event {
+                    cupti_sys::channel::Event::Api(a) => {
+                        summary::note_api_start(&mut recent.api_start, a.correlation_id, a.start)
+                    }
+                    cupti_sys::channel::Event::Tracing { .. } => {
+                        recent.traced.take(&e.event);
+                        continue;
+                    }
+                    _ => {}
                 }
                 recent.events.push_back(e);
             }
@@ -103,6 +133,10 @@ impl GpuFeed {
                 break;
             }
             self.pending.pop_front();
+            if !self.recent.iter().all(|r| r.traced.covers(start, end)) {
+                self.untraced += 1;
+                continue;
+            }
             out.push(summary::iteration(
                 self.recent.iter().map(|r| (&r.events, &r.api_start)),
                 start,
@@ -117,13 +151,17 @@ impl GpuFeed {
         for r in &mut self.recent {
             r.events.retain(|e| event_end(e) >= horizon);
             r.api_start.retain(|_, start| *start >= horizon);
+            r.traced.forget_before(horizon);
         }
         out
     }
 
-    /// Starts copying every event for a capture.
+    /// Starts copying every event for a capture, tracing all the time until it stops.
     pub fn start_tap(&mut self) {
         self.tap = Some(BTreeMap::new());
+        for g in &self.planes {
+            g.set_sampling(Sampling::ALWAYS);
+        }
     }
 
     /// The events copied since the last call, per process (the tap stays on).
@@ -131,9 +169,12 @@ impl GpuFeed {
         self.tap.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    /// Stops copying.
+    /// Stops copying; back to the configured sampling.
     pub fn stop_tap(&mut self) {
         self.tap = None;
+        for g in &self.planes {
+            g.set_sampling(self.sampling);
+        }
     }
 
     /// Detaches every agent; returns what went wrong, if anything.

@@ -14,6 +14,7 @@ pub mod feed;
 pub mod nvml;
 pub mod summary;
 pub mod trace;
+pub mod traced;
 
 use std::{
     path::{Path, PathBuf},
@@ -269,6 +270,11 @@ impl GpuPlane {
         &self.clock
     }
 
+    /// Asks the agent to trace that share of the time (it follows within 200 ms).
+    pub fn set_sampling(&self, s: cupti_sys::sampling::Sampling) {
+        self.channel.set_sampling(s);
+    }
+
     /// Whether the agent still traces (it stops by itself when CUPTI fails).
     pub fn running(&self) -> bool {
         self.channel.state() == state::RUNNING
@@ -292,6 +298,11 @@ impl GpuPlane {
                     cupti_ns,
                     mono_before_ns,
                     mono_after_ns,
+                }),
+                // Already on CLOCK_MONOTONIC.
+                Event::Tracing { .. } => out.push(GpuEvent {
+                    event: e,
+                    name: None,
                 }),
                 other if !self.clock.ready() => self.waiting.push(other),
                 other => {

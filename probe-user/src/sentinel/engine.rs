@@ -139,7 +139,7 @@ impl Engine {
                 .unwrap_or_default()
         );
         Ok(Engine {
-            gpu: GpuFigures::attach(pid, labels.clone(), cfg.gpu),
+            gpu: GpuFigures::attach(pid, labels.clone(), cfg.gpu, cfg.gpu_sample),
             pid,
             framework,
             rank,

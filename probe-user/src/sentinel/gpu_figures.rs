@@ -28,12 +28,18 @@ pub struct GpuFigures {
 }
 
 impl GpuFigures {
-    /// Attaches the GPU plane to `pid` when `enabled` (`[sentinel] gpu`) and it has CUDA.
-    pub fn attach(pid: u32, labels: ProcessLabels, enabled: bool) -> GpuFigures {
+    /// Attaches the GPU plane to `pid` when `enabled` (`[sentinel] gpu`) and it has CUDA,
+    /// tracing `sampling` of the time (`[sentinel] gpu_sample`).
+    pub fn attach(
+        pid: u32,
+        labels: ProcessLabels,
+        enabled: bool,
+        sampling: cupti_sys::sampling::Sampling,
+    ) -> GpuFigures {
         let (feed, state) = if !enabled {
             (None, "off: [sentinel] gpu = false".to_string())
         } else {
-            match GpuFeed::attach(pid) {
+            match GpuFeed::attach(pid, sampling) {
                 Ok(g) => {
                     let state = g.describe();
                     info!("engine {pid}: GPU plane {state}");

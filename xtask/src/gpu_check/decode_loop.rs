@@ -82,13 +82,18 @@ impl DecodeLoop {
 
     /// Durations (ns) of the steps that began in `[a, b]`.
     pub fn steps_between(&self, a: u64, b: u64) -> Vec<u64> {
+        self.step_spans(a, b).iter().map(|(s, e)| e - s).collect()
+    }
+
+    /// (start, end) of the steps that began in `[a, b]`.
+    pub fn step_spans(&self, a: u64, b: u64) -> Vec<(u64, u64)> {
         self.seen
             .lock()
             .expect("lock")
             .steps
             .iter()
             .filter(|(s, _)| (a..=b).contains(s))
-            .map(|(s, e)| e - s)
+            .copied()
             .collect()
     }
 

@@ -8,6 +8,8 @@
 //! - `env`: the GPU, driver, CUDA, PyTorch and CUPTI versions, and `stallscope check`.
 //! - `attach` ([`attach`]), on each loop: `stallscope gpu` attached and detached in turn:
 //!   counts, correlation join, clock alignment, throughput cost, clean detach.
+//! - `sampled` ([`sampled`]), on each loop: `stallscope gpu --sample` against detached
+//!   windows: the cost while traced, while not, and of each switch.
 //! - `deep_dive_cli`, on `llama`: `stallscope deep-dive` (GPU tracks, NVML counters).
 //! - `sentinel` ([`sentinel`]), on `gemv`: the daemon: per-iteration GPU figures, a
 //!   steady window, the GPU injectors with the loop's measured slowdown and the alerts, the
@@ -18,6 +20,7 @@
 
 mod attach;
 mod decode_loop;
+mod sampled;
 mod sentinel;
 
 use std::{
@@ -218,8 +221,14 @@ fn goals(r: &Value) -> Value {
 }
 
 /// Runs the check; writes `<out>/report.json` and prints it. `rounds`: A/B rounds on each
-/// loop; `attach_only` skips the deep dive and the sentinel.
-pub fn run(out: Option<PathBuf>, rounds: usize, attach_only: bool) -> Result<()> {
+/// loop, `sampled_rounds` those of sampled tracing; `attach_only` skips the deep dive and the
+/// sentinel.
+pub fn run(
+    out: Option<PathBuf>,
+    rounds: usize,
+    sampled_rounds: usize,
+    attach_only: bool,
+) -> Result<()> {
     let bin = stallscope_bin();
     if !bin.exists() {
         bail!(
@@ -258,16 +267,24 @@ pub fn run(out: Option<PathBuf>, rounds: usize, attach_only: bool) -> Result<()>
         let (mut target, dir) = start("llama", 10)?;
         let mut r = json!({"workload": target.kind});
         r["attach"] = phase("attach", || attach::run(&bin, &mut target, &dir, rounds));
+        r["sampled"] = phase("sampled", || {
+            sampled::run(&bin, &mut target, sampled_rounds)
+        });
         if !attach_only {
             r["deep_dive_cli"] = phase("deep-dive", || deep_dive(&bin, &target, &dir));
         }
         r["alive_at_end"] = json!(target.alive());
         report["llama"] = r;
+        // Kept as the check goes, in case it is cut short.
+        std::fs::write(out_dir.join("report.json"), report.to_string())?;
     }
     // The GPU-bound loop: the GPU plane's cost, the sentinel and the GPU injectors.
     let (mut target, dir) = start("gemv", 5)?;
     report["workload"] = json!(target.kind);
     report["attach"] = phase("attach", || attach::run(&bin, &mut target, &dir, rounds));
+    report["sampled"] = phase("sampled", || {
+        sampled::run(&bin, &mut target, sampled_rounds)
+    });
     if !attach_only {
         let state = out_dir.join("sentinel");
         std::fs::create_dir_all(&state)?;
