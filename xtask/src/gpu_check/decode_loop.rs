@@ -168,9 +168,20 @@ pub struct Footprint {
 }
 
 impl Footprint {
-    /// Nothing of stallscope's is left in the process.
+    /// Nothing of stallscope's is left in the process but one copy of the probe's compiled
+    /// writer: CPython cannot unload an extension module, so once loaded it stays (idle, its
+    /// file deleted) and later attaches reuse it (`pyframe_tracer::native`).
     pub fn clean(&self) -> bool {
-        self.stallscope_threads == 0 && self.stallscope_maps.is_empty() && self.shm.is_empty()
+        let writer = |m: &String| {
+            m.rsplit('/')
+                .next()
+                .is_some_and(|f| f.starts_with(pyframe_tracer::native::COPY_PREFIX))
+        };
+        let writers = self.stallscope_maps.iter().filter(|m| writer(m)).count();
+        self.stallscope_threads == 0
+            && writers <= 1
+            && self.stallscope_maps.len() == writers
+            && self.shm.is_empty()
     }
 
     pub fn json(&self) -> serde_json::Value {
