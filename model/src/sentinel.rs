@@ -31,6 +31,16 @@ pub struct SentinelParams {
     pub refit_every: usize,
     /// Training set cap (the most recent healthy iterations).
     pub max_training_samples: usize,
+    /// Once the training set is full, the time it spans at least, ms (0: the most recent
+    /// iterations only): a healthy iteration joins it only `training_span_ms /
+    /// max_training_samples` after the last one that did. Counted in iterations alone, a fast
+    /// engine's set spans seconds (20,000 steps of 1 ms: 20 s) and is refitted every few
+    /// seconds, so a slowdown under the alert threshold that lasts that long becomes most of
+    /// what the model learns and its UCL grows with it (an H200 loop's rose 0.155 -> 0.424 over
+    /// a 24 s PCIe injection, BENCHMARKS.md); spanning minutes, such a slowdown stays a small
+    /// share, and refits come minutes apart. Below the cap every iteration joins, so the
+    /// warm-up and the first refits are as quick as the engine.
+    pub training_span_ms: u64,
     /// Also model and alert on prefill and mixed iterations (default: decode only).
     pub alert_on_prefill: bool,
     /// Scale the model's predictions by the median observed/predicted ratio of this many
@@ -52,6 +62,7 @@ impl Default for SentinelParams {
             warmup_samples: 1000,
             refit_every: 5000,
             max_training_samples: 20_000,
+            training_span_ms: 0,
             alert_on_prefill: false,
             recalibrate_over: 0,
             recalibrate_max: 0.2,
@@ -125,6 +136,8 @@ pub struct Sentinel {
     /// batch size) held back for one window: if an alert starts, they were probably already
     /// abnormal and never reach the training set or the recalibration.
     pending: VecDeque<(Sample, Option<f64>, u64)>,
+    /// End of the last iteration that joined the training set.
+    last_trained_ns: Option<u64>,
     recalibration: Recalibration,
     since_fit: usize,
     /// Iterations of an unseen batch size since the last fit started.
@@ -149,6 +162,7 @@ impl Sentinel {
             baseline,
             training: VecDeque::new(),
             pending: VecDeque::new(),
+            last_trained_ns: None,
             recalibration: Recalibration::new(params.recalibrate_over, params.recalibrate_max),
             since_fit: 0,
             unseen_since_fit: 0,
@@ -174,7 +188,7 @@ impl Sentinel {
             return Verdict::default();
         }
         let Some(b) = &self.baseline else {
-            self.add_training(sample);
+            self.add_training(sample, it.end_ns);
             return Verdict::default();
         };
         // An open alert keeps judging them: it can only end on verdicts.
@@ -221,15 +235,27 @@ impl Sentinel {
             .front()
             .is_some_and(|(_, _, first)| !self.detector.holds(*first, end_ns, self.pending.len()))
         {
-            let (s, raw, _) = self.pending.pop_front().expect("non-empty");
+            let (s, raw, end_ns) = self.pending.pop_front().expect("non-empty");
             if let Some(raw) = raw {
                 self.recalibration.push(s.duration_us, raw);
             }
-            self.add_training(s);
+            self.add_training(s, end_ns);
         }
     }
 
-    fn add_training(&mut self, s: Sample) {
+    /// Adds a healthy sample that ended at `end_ns`, unless the set is full and the last one
+    /// joined less than its share of `training_span_ms` before.
+    fn add_training(&mut self, s: Sample, end_ns: u64) {
+        let cap = self.params.max_training_samples.max(1);
+        let stride_ns = self.params.training_span_ms * 1_000_000 / cap as u64;
+        if self.training.len() >= cap
+            && self
+                .last_trained_ns
+                .is_some_and(|last| end_ns < last.saturating_add(stride_ns))
+        {
+            return;
+        }
+        self.last_trained_ns = Some(end_ns);
         self.training.push_back(s);
         self.since_fit += 1;
         while self.training.len() > self.params.max_training_samples.max(1) {
@@ -441,6 +467,66 @@ mod tests {
         let b = s.baseline().unwrap().clone();
         let loaded = Sentinel::new(params, fp(), Some(b));
         assert_eq!(loaded.next_refit(), 500);
+    }
+
+    #[test]
+    fn a_full_training_set_spans_its_time_so_a_fast_engine_refits_minutes_apart() {
+        // An engine of ~1 ms steps: healthy for 15 s, then 1.1x slower (under the threshold)
+        // for 10 s. Counted in iterations, its set of 2,000 spans 2 s and refits every 500
+        // (~0.5 s), learning the slowdown as it goes; spanning 60 s once full (a sample every
+        // 30 ms), it refits every ~15 s.
+        for (span_ms, refits) in [(0u64, 10..40), (60_000, 0..2)] {
+            let params = SentinelParams {
+                warmup_samples: 250,
+                refit_every: 500,
+                max_training_samples: 2000,
+                training_span_ms: span_ms,
+                // As the daemon's default: no alert under 1.2x.
+                detector: DetectorParams {
+                    min_slowdown: 1.2,
+                    ..DetectorParams::default()
+                },
+                ..SentinelParams::default()
+            };
+            let mut s = Sentinel::new(params, fp(), None);
+            let (mut t, mut n) = (0u64, 0u64);
+            let mut run = |s: &mut Sentinel, until_ns: u64, slow: f64| {
+                let mut fits = 0;
+                while t < until_ns {
+                    let batch = (1 + n % 8) as f64;
+                    let dur_ns = ((800.0 + 20.0 * batch) * slow * 1e3) as u64;
+                    s.observe(&Iteration {
+                        start_ns: t,
+                        end_ns: t + dur_ns,
+                        stage: Stage::Decode,
+                        workload: Workload {
+                            batch,
+                            input_len: (n * 37 % 300) as f64,
+                            output_len: 0.0,
+                            tokens: batch,
+                        },
+                    });
+                    (t, n) = (t + dur_ns, n + 1);
+                    if s.fit_due() {
+                        let data = s.take_training();
+                        s.install(Baseline::fit(&data, &params.baseline, fp()).unwrap());
+                        fits += 1;
+                    }
+                }
+                fits
+            };
+            let sec = 1_000_000_000;
+            assert!(
+                run(&mut s, 15 * sec, 1.0) >= 4,
+                "span {span_ms} ms: warm-up fits"
+            );
+            assert_eq!(s.training_samples(), 2000);
+            let during = run(&mut s, 25 * sec, 1.1);
+            assert!(
+                refits.contains(&during),
+                "span {span_ms} ms: {during} refits during the slowdown"
+            );
+        }
     }
 
     /// A pipelined engine's two step modes: batches of 1-7 spread over the stages, and one

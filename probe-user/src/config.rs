@@ -473,6 +473,10 @@ pub struct SentinelConfig {
     pub refit_every: usize,
     /// Training set cap.
     pub max_training_samples: usize,
+    /// Once the training set is full, the time it spans at least (absent: "10m"); see
+    /// `model::sentinel::SentinelParams::training_span_ms`.
+    #[serde(with = "duration_text", default = "training_span")]
+    pub training_span: Duration,
     /// Model prefill and mixed iterations too.
     pub alert_on_prefill: bool,
     /// Healthy iterations whose median observed/predicted ratio scales the predictions (0:
@@ -496,6 +500,10 @@ pub struct SentinelConfig {
     /// their whole window.
     #[serde(with = "sampling_text", default = "gpu_sample")]
     pub gpu_sample: Sampling,
+}
+
+fn training_span() -> Duration {
+    Duration::from_secs(600)
 }
 
 fn gpu_sample() -> Sampling {
@@ -563,6 +571,7 @@ impl SentinelConfig {
             warmup_samples: self.warmup_samples,
             refit_every: self.refit_every,
             max_training_samples: self.max_training_samples,
+            training_span_ms: self.training_span.as_millis() as u64,
             alert_on_prefill: self.alert_on_prefill,
             recalibrate_over: self.recalibrate_over,
             recalibrate_max: self.recalibrate_max,
