@@ -29,6 +29,7 @@ use cupti_sys::{
     channel::{control, state, Channel, Event},
     kind,
     library::Cupti,
+    sampling::Sampling,
     subscription::{self, Subscription},
     FLUSH_FORCED, QUIET_DRIVER_API, QUIET_RUNTIME_API,
 };
@@ -144,11 +145,21 @@ fn trace(channel: &Channel) -> Result<(), String> {
     let cupti = Cupti::load().map_err(|e| e.to_string())?;
     channel.set_cupti_version(cupti.version().unwrap_or(0));
     let mut names = forward::SentNames::new();
+    // The first stretch starts at once, whatever the sampling, so that a CUPTI that cannot
+    // trace fails the attach rather than a later stretch.
     loop {
         if stretch(&cupti, channel, &mut names)? == End::Detach || !untraced(channel) {
             return Ok(());
         }
     }
+}
+
+/// Until the next flush, or the sampling's next switch if that comes first.
+fn nap(sampling: Sampling, now: u64) -> Duration {
+    let until = sampling.next_change(now).map_or(FLUSH_EVERY, |t| {
+        Duration::from_nanos(t - now).min(FLUSH_EVERY)
+    });
+    until.max(Duration::from_millis(1))
 }
 
 /// Whether the daemon is gone or asks to detach.
@@ -169,10 +180,7 @@ fn untraced(channel: &Channel) -> bool {
         if sampling.is_on(now) {
             return true;
         }
-        let nap = sampling.next_change(now).map_or(FLUSH_EVERY, |t| {
-            Duration::from_nanos(t - now).min(FLUSH_EVERY)
-        });
-        std::thread::sleep(nap.max(Duration::from_millis(1)));
+        std::thread::sleep(nap(sampling, now));
     }
 }
 
@@ -238,12 +246,7 @@ fn run(
         }
         // SAFETY: documented signature; completed buffers come back through our callback.
         unsafe { (cupti.activity_flush_all)(0) };
-        // Until the next flush, or the end of the stretch if that comes first.
-        let now = monotonic_ns();
-        let nap = sampling.next_change(now).map_or(FLUSH_EVERY, |t| {
-            Duration::from_nanos(t - now).min(FLUSH_EVERY)
-        });
-        std::thread::sleep(nap.max(Duration::from_millis(1)));
+        std::thread::sleep(nap(sampling, monotonic_ns()));
     }
 }
 
@@ -256,7 +259,7 @@ fn switch_on(sub: &Subscription, enabled: &mut Vec<u32>) -> Result<(), String> {
             Err(_) => {}
         }
     }
-    // Enabling a kind turns each of its functions on again.
+    // Enabling a kind turns each of its functions on.
     let ids = |t: &[(u32, &str)]| t.iter().map(|(id, _)| *id).collect::<Vec<_>>();
     sub.quiet(&ids(&QUIET_RUNTIME_API), &ids(&QUIET_DRIVER_API));
     forward::push(&Event::Tracing {

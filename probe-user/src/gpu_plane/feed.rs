@@ -38,8 +38,6 @@ pub struct GpuFeed {
     tap: Option<BTreeMap<u32, Vec<GpuEvent>>>,
     scratch: Vec<GpuEvent>,
     sampling: Sampling,
-    /// Settled iterations given no figures because an agent was not tracing all through them.
-    untraced: u64,
 }
 
 impl GpuFeed {
@@ -60,7 +58,6 @@ impl GpuFeed {
             tap: None,
             scratch: Vec::new(),
             sampling,
-            untraced: 0,
         })
     }
 
@@ -84,11 +81,6 @@ impl GpuFeed {
             format!(", tracing {}", self.sampling)
         };
         format!("on: {}{sampled}", procs.join(", "))
-    }
-
-    /// Settled iterations that got no figures because they were not traced all through.
-    pub fn untraced(&self) -> u64 {
-        self.untraced
     }
 
     /// Moves new events in (and into the tap).
@@ -133,8 +125,8 @@ impl GpuFeed {
                 break;
             }
             self.pending.pop_front();
+            // Not traced all through by every agent: no figures rather than wrong ones.
             if !self.recent.iter().all(|r| r.traced.covers(start, end)) {
-                self.untraced += 1;
                 continue;
             }
             out.push(summary::iteration(
