@@ -48,8 +48,7 @@ pub fn run(args: &GpuArgs) -> Result<()> {
         .transpose()?;
     let agent = agent_library()?;
     stop_flag::install(false);
-    let mut plane = GpuPlane::attach(args.pid, &agent)?;
-    plane.set_sampling(args.sample);
+    let mut plane = GpuPlane::attach(args.pid, &agent, args.sample)?;
     let from = monotonic_ns();
     let mut events = Vec::new();
     let deadline = std::time::Instant::now() + args.duration;

@@ -468,7 +468,7 @@ impl Running {
 /// Attaches the GPU plane to every process of the tree that has libcupti mapped (CUDA
 /// processes); what could not be attached becomes a note.
 fn attach_gpu(pid: u32, notes: &mut Vec<String>) -> Vec<GpuPlane> {
-    match gpu_plane::attach_tree(pid) {
+    match gpu_plane::attach_tree(pid, cupti_sys::sampling::Sampling::ALWAYS) {
         Ok((planes, failed)) => {
             notes.extend(failed.into_iter().map(|f| format!("GPU plane off for {f}")));
             planes

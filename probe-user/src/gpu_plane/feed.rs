@@ -44,12 +44,9 @@ impl GpuFeed {
     /// Attaches an agent to every process of `pid`'s tree that has libcupti mapped, each
     /// tracing `sampling`; the error says why there is none.
     pub fn attach(pid: u32, sampling: Sampling) -> Result<GpuFeed, String> {
-        let (planes, failed) = super::attach_tree(pid).map_err(|e| format!("{e:#}"))?;
+        let (planes, failed) = super::attach_tree(pid, sampling).map_err(|e| format!("{e:#}"))?;
         if planes.is_empty() {
             return Err(failed.join("; "));
-        }
-        for g in &planes {
-            g.set_sampling(sampling);
         }
         Ok(GpuFeed {
             recent: planes.iter().map(|_| Recent::default()).collect(),

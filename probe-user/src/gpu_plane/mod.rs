@@ -23,6 +23,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use cupti_sys::channel::{self, control, state, Channel, Event, Names};
+use cupti_sys::sampling::Sampling;
 use memmap2::MmapMut;
 
 use crate::os::clock::monotonic_ns;
@@ -59,10 +60,10 @@ pub fn agent_library() -> Result<PathBuf> {
         })
 }
 
-/// Attaches an agent to every process of `pid`'s tree that has libcupti mapped. Returns the
-/// planes attached and one line per process that could not be; the error says why none was
-/// tried (no driver, no CUDA process, no agent library).
-pub fn attach_tree(pid: u32) -> Result<(Vec<GpuPlane>, Vec<String>)> {
+/// Attaches an agent tracing `sampling` to every process of `pid`'s tree that has libcupti
+/// mapped. Returns the planes attached and one line per process that could not be; the error
+/// says why none was tried (no driver, no CUDA process, no agent library).
+pub fn attach_tree(pid: u32, sampling: Sampling) -> Result<(Vec<GpuPlane>, Vec<String>)> {
     require_driver()?;
     let cuda: Vec<u32> = crate::os::procfs::process_tree(pid)
         .into_iter()
@@ -75,7 +76,7 @@ pub fn attach_tree(pid: u32) -> Result<(Vec<GpuPlane>, Vec<String>)> {
     let mut planes = Vec::new();
     let mut failed = Vec::new();
     for p in cuda {
-        match GpuPlane::attach(p, &agent) {
+        match GpuPlane::attach(p, &agent, sampling) {
             Ok(g) => planes.push(g),
             Err(e) => failed.push(format!("process {p}: {e:#}")),
         }
@@ -148,8 +149,9 @@ fn host_tid(pid: u32, ns_tid: u32) -> u32 {
 }
 
 impl GpuPlane {
-    /// Loads the agent into `pid` and waits until it traces (or says why it cannot).
-    pub fn attach(pid: u32, agent: &Path) -> Result<GpuPlane> {
+    /// Loads the agent into `pid`, tracing `sampling`, and waits until it traces (or says why
+    /// it cannot).
+    pub fn attach(pid: u32, agent: &Path, sampling: Sampling) -> Result<GpuPlane> {
         crate::os::procfs::require_target(pid)?;
         require_driver()?;
         pyframe_tracer::python::find(pid as i32).map_err(|e| {
@@ -181,6 +183,9 @@ impl GpuPlane {
         // SAFETY: the mapping is file_len(SLOTS) bytes and lives in the GpuPlane with the channel.
         let channel = unsafe { Channel::init(map.as_mut_ptr(), SLOTS) };
         channel.beat(monotonic_ns());
+        // Set before the agent starts: it reads the sampling only between naps of up to a
+        // flush period, so one set later would leave its first stretch traced whole.
+        channel.set_sampling(sampling);
         let agent_path = format!("/tmp/stallscope-gpu-agent-{pid}.so");
         std::fs::copy(agent, target_path(pid, &agent_path))
             .with_context(|| format!("cannot copy the GPU agent into process {pid}'s /tmp"))
@@ -271,7 +276,7 @@ impl GpuPlane {
     }
 
     /// Asks the agent to trace that share of the time (it follows within 200 ms).
-    pub fn set_sampling(&self, s: cupti_sys::sampling::Sampling) {
+    pub fn set_sampling(&self, s: Sampling) {
         self.channel.set_sampling(s);
     }
 
