@@ -107,6 +107,7 @@ fn otlp_carries_metrics_alerts_and_deep_dives_and_counts_what_a_dead_collector_d
     for key in [
         "stallscope.alert.id",
         "stallscope.alert.moving_mean",
+        "stallscope.alert.window_slowdown",
         "stallscope.alert.ucl",
         "stallscope.alert.severity",
         "stallscope.trigger.end_ns",

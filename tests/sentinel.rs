@@ -151,8 +151,11 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
     let alerts: Value = serde_json::from_str(&http_get(d.port, "/api/v1/alerts")).unwrap();
     let a = &alerts[0];
     assert_eq!(a["pid"], pid);
+    let ucl = a["ucl"].as_f64().unwrap();
+    assert!(a["moving_mean"].as_f64().unwrap() > ucl, "{a}");
+    // The window that raised it ran at least the threshold's slowdown over its prediction.
     assert!(
-        a["moving_mean"].as_f64().unwrap() > a["ucl"].as_f64().unwrap(),
+        a["window_slowdown"].as_f64().unwrap() >= 1.0 / (1.0 - ucl),
         "{a}"
     );
     // The moving mean is over the alert, not the triggering iteration alone: that one may be fast.

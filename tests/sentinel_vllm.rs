@@ -114,24 +114,18 @@ fn pair<'a>(rows: &'a [Row], log: &'a [LogIteration]) -> Paired<'a> {
     p
 }
 
-/// The alert rule's window and persistence in the default config (spans of time): the
-/// iterations that ended within this span before an alert's start are the ones that raised it.
-fn rule_span(default: &str) -> Duration {
-    ["window", "start_after"]
-        .iter()
-        .map(|k| {
-            let v = default
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{k} = ")))
-                .unwrap_or_else(|| panic!("the default config has no {k}"));
-            humantime::parse_duration(v.trim().trim_matches('"')).unwrap_or_else(|e| {
-                panic!("the default config's {k} is not a span of time: {v} ({e})")
-            })
-        })
-        .sum()
+/// The alert rule's window in the default config (a span of time): the iterations that ended
+/// within it before an alert's start are the window that opened it.
+fn rule_window(default: &str) -> Duration {
+    let v = default
+        .lines()
+        .find_map(|l| l.strip_prefix("window = "))
+        .expect("the default config has no window");
+    humantime::parse_duration(v.trim().trim_matches('"'))
+        .unwrap_or_else(|e| panic!("the default config's window is not a span of time: {v} ({e})"))
 }
 
-/// vLLM's own pace over the iterations that raised an alert: the mean, over the paired decode
+/// vLLM's own pace over the window that opened an alert: the mean, over the paired decode
 /// rows that ended in `[from_us, to_us]`, of their logged step's time over the usual for its
 /// workload (`pace`); None without such a row.
 fn raised_by(
@@ -325,8 +319,10 @@ fn sentinel_on_real_vllm() {
     // for a second or two now and then, and the sentinel rightly flags that; an alert is false
     // when vLLM's own clock did not see the engine slow by the alert's threshold (1/(1 − the
     // threshold): 1.2 x at `min_slowdown`) by either measure of `evaluate --steady`: over the
-    // iterations that raised it (those that ended within the rule's window and persistence
-    // before its start, each of stallscope's rows paired with its own log line), or by the
+    // window that opened it (the iterations that ended within the rule's window before its
+    // start, each of stallscope's rows paired with its own log line: the rule asserts that
+    // every window of its persistence ran over the threshold, this one among them; pooled with
+    // the persistence's earlier steps, a real 1.5x stall of 0.75 s read as 1.17x), or by the
     // median of the logged steps over the whole seconds from two before it to its end.
     let steady_started = Instant::now();
     std::thread::sleep(steady_window);
@@ -457,13 +453,13 @@ fn sentinel_on_real_vllm() {
 
     // The steady window's alerts, each judged by vLLM's own clock.
     let pace = own_pace(window_lines);
-    let rule = rule_span(&default).as_secs_f64() * 1e6;
+    let window_us = rule_window(&default).as_secs_f64() * 1e6;
     let (mut flagged, mut false_alerts) = (0, Vec::new());
     for a in alerts.as_array().unwrap() {
         let started_ms = a["started_unix_ms"].as_u64().unwrap();
         let needed = 1.0 / (1.0 - a["ucl"].as_f64().unwrap());
         let started_us = started_ms as f64 * 1e3;
-        let raised = raised_by(&paired.pairs, &pace, started_us - rule, started_us);
+        let raised = raised_by(&paired.pairs, &pace, started_us - window_us, started_us);
         let (from, to) = (
             started_ms / 1000 - 2,
             a["ended_unix_ms"]
@@ -484,7 +480,7 @@ fn sentinel_on_real_vllm() {
             "FALSE"
         };
         let line = format!(
-            "alert under steady load ({verdict}): vLLM's own steps {raised:.2?} x their workload's usual over the iterations that raised it, {seconds:.2?} x over its whole seconds, {needed:.2} x needed (window median {steady_median:.1} ms): {a}"
+            "alert under steady load ({verdict}): vLLM's own steps {raised:.2?} x their workload's usual over the window that opened it, {seconds:.2?} x over its whole seconds, {needed:.2} x needed (window median {steady_median:.1} ms): {a}"
         );
         println!("{line}");
         if !explained {

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     baseline::{positive_error, Baseline, BaselineParams, Fingerprint, Sample},
-    detector::{Detector, DetectorParams, Transition},
+    detector::{Detector, DetectorParams, Step, Transition},
     features::Workload,
     recalibration::Recalibration,
     stage::Stage,
@@ -100,6 +100,8 @@ pub struct Verdict {
     pub error: Option<f64>,
     /// Moving mean of E over the window.
     pub moving_mean: Option<f64>,
+    /// The window's summed durations over its summed predictions.
+    pub window_slowdown: Option<f64>,
     /// The threshold the moving mean was compared with: the UCL, or `min_slowdown`'s error
     /// when that is larger.
     pub ucl: Option<f64>,
@@ -207,7 +209,13 @@ impl Sentinel {
         let predicted = raw * self.recalibration.factor();
         let error = positive_error(sample.duration_us, predicted, b.epsilon_us);
         let ucl = b.ucl.limit;
-        let (moving_mean, t) = self.detector.push(it.end_ns, error, ucl);
+        let step = Step {
+            end_ns: it.end_ns,
+            observed_us: sample.duration_us,
+            predicted_us: predicted,
+            error,
+        };
+        let (window, t) = self.detector.push(step, ucl);
         if t == Transition::Started {
             self.pending.clear();
         }
@@ -217,7 +225,8 @@ impl Sentinel {
         Verdict {
             predicted_us: Some(predicted),
             error: Some(error),
-            moving_mean,
+            moving_mean: window.map(|w| w.mean_error),
+            window_slowdown: window.map(|w| w.slowdown),
             ucl: Some(self.params.detector.threshold(ucl)),
             alert_started: t == Transition::Started,
             alert_ended: t == Transition::Ended,

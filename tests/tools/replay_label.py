@@ -13,8 +13,8 @@ default 14: the window and the persistence that raised it) took on average at le
 duration, the median of the run's steps of the same batch size and context (in 64-token
 bins); `ucl` takes X from the alert's own threshold, 1 / (1 - UCL). With --raised-by MS the
 judged steps are instead the iterations that raised the alert: the decode steps that ended in the
-MS milliseconds (the rule's window and persistence) up to the end of the one that opened it, as
-`stallscope evaluate --steady` and the vLLM test judge them. The others are counted as
+MS milliseconds up to the end of the one that opened it; with MS the rule's window (1000 in the
+embedded default), as `stallscope evaluate --steady` and the vLLM test judge them. The others are counted as
 unexplained: the model's error, not the engine's slowing. Prints a row per run and totals.
 """
 import csv

@@ -35,6 +35,9 @@ pub struct Alert {
     pub detection_latency_us: f64,
     /// The moving mean of E that crossed the threshold.
     pub moving_mean: f64,
+    /// How much slower than predicted the window that raised it ran: its iterations' summed
+    /// durations over their summed predictions (at least the threshold's slowdown).
+    pub window_slowdown: f64,
     /// The threshold the moving mean crossed: the UCL, or the error of `min_slowdown` when that
     /// is larger (the field keeps its name for the API's readers).
     pub ucl: f64,
@@ -59,28 +62,20 @@ pub struct Alert {
     pub lasted_ms: Option<u64>,
 }
 
-/// An alert's severity, from the moving mean of E = 1 − predicted/actual that raised it.
+/// An alert's severity, from how much slower than predicted the window that raised it ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
     /// Over the UCL, but the window's iterations took less than twice their prediction.
     Warning,
-    /// The window's iterations took twice their prediction or more (moving mean ≥ 0.5).
+    /// The window's iterations took twice their prediction or more.
     Critical,
 }
 
-impl Alert {
-    /// How much slower than predicted the iterations of the window that raised it ran, by the
-    /// moving mean of E.
-    pub fn window_slowdown(&self) -> f64 {
-        model::baseline::slowdown_of_error(self.moving_mean)
-    }
-}
-
 impl Severity {
-    /// The severity of an alert raised by `moving_mean`.
-    pub fn of(moving_mean: f64) -> Severity {
-        if moving_mean >= 0.5 {
+    /// The severity of an alert whose window ran `window_slowdown` times its prediction.
+    pub fn of(window_slowdown: f64) -> Severity {
+        if window_slowdown >= 2.0 {
             Severity::Critical
         } else {
             Severity::Warning

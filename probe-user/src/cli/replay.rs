@@ -65,6 +65,7 @@ pub fn replay(a: &ReplayArgs) -> Result<()> {
                 "start_ts_us": r.start_us,
                 "modelled_before": modelled - 1,
                 "moving_mean": v.moving_mean,
+                "window_slowdown": v.window_slowdown,
                 "ucl": v.ucl,
             }));
             open = Some(alerts.len() - 1);

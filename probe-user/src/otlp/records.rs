@@ -78,7 +78,7 @@ pub fn alert_record(logger: &SdkLogger, event: &str, a: &Alert) {
         a.identity.short().unwrap_or_else(|| format!("pid {}", a.pid)),
         a.id,
         a.stage,
-        100.0 * (a.window_slowdown() - 1.0),
+        100.0 * (a.window_slowdown - 1.0),
         a.moving_mean,
         a.ucl
     )));
@@ -89,8 +89,9 @@ pub fn alert_record(logger: &SdkLogger, event: &str, a: &Alert) {
         }
     }
     let w = &a.workload;
-    let numbers: [(&'static str, f64); 11] = [
+    let numbers: [(&'static str, f64); 12] = [
         ("stallscope.alert.moving_mean", a.moving_mean),
+        ("stallscope.alert.window_slowdown", a.window_slowdown),
         ("stallscope.alert.ucl", a.ucl),
         (
             "stallscope.alert.detection_latency_us",

@@ -60,12 +60,13 @@ impl AlertBook {
                 trigger_iteration_end_ns: it.end_ns,
                 detection_latency_us: decided_ns.saturating_sub(it.end_ns) as f64 / 1e3,
                 moving_mean: v.moving_mean.unwrap_or_default(),
+                window_slowdown: v.window_slowdown.unwrap_or_default(),
                 ucl: v.ucl.unwrap_or_default(),
                 duration_us: it.duration_us(),
                 predicted_us: v.predicted_us.unwrap_or_default(),
                 workload: it.workload,
                 stage: it.stage.as_str(),
-                severity: Severity::of(v.moving_mean.unwrap_or_default()),
+                severity: Severity::of(v.window_slowdown.unwrap_or_default()),
                 ended_unix_ms: None,
                 iterations: 1,
                 slowdown: it.duration_us() / v.predicted_us.unwrap_or_default().max(1.0),
@@ -76,7 +77,7 @@ impl AlertBook {
             warn!(
                 "engine {}: ALERT decode iterations {:.0}% slower than the baseline predicts (moving mean of E {:.3} over the threshold {:.3})",
                 self.pid,
-                100.0 * (alert.window_slowdown() - 1.0),
+                100.0 * (alert.window_slowdown - 1.0),
                 alert.moving_mean,
                 alert.ucl
             );

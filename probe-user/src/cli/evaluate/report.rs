@@ -9,7 +9,7 @@ use std::{fmt::Write as _, path::Path, time::Duration};
 
 use anomaly_suite::score::{self, Iteration, Scores, Strategy, Trial};
 use anyhow::{Context, Result};
-use model::detector::{Detector, DetectorParams, Span};
+use model::detector::{Detector, DetectorParams, Span, Step};
 use serde_json::{json, Value};
 
 use super::{heatmap::Heatmap, slowdown::median, EvaluateArgs, TrialRecord};
@@ -107,7 +107,13 @@ fn sentinel_flags(stream: &[Iteration], ucl: f64, params: DetectorParams) -> Vec
     stream
         .iter()
         .map(|it| {
-            d.push((it.end_us() * 1e3) as u64, it.error(), ucl);
+            let step = Step {
+                end_ns: (it.end_us() * 1e3) as u64,
+                observed_us: it.duration_us,
+                predicted_us: it.predicted_us,
+                error: it.error(),
+            };
+            d.push(step, ucl);
             d.active()
         })
         .collect()

@@ -3,16 +3,18 @@
 //! only its state moved; after its first fit, DURATION of steady load without injection. Each
 //! alert is then judged by the engine's own log: it is explained when vLLM's steps were slower
 //! than usual by at least the alert's threshold (an alert at UCL 0.15 needs steps
-//! 1/(1 − 0.15) = 1.18 times their usual time) by any measure of the engine's: over the very
-//! iterations that raised it (its window and persistence before its start, each found in the
-//! log, [`Pace::iterations`]), or over the whole seconds from that lead to its end
-//! ([`Judged`]); otherwise it is false. Writes steady.json and steady.md.
+//! 1/(1 − 0.15) = 1.18 times their usual time) by any measure of the engine's: over the window
+//! that opened it (the iterations that ended within the rule's window before its start, each
+//! found in the log, [`Pace::iterations`]: the rule asserts that every window of its
+//! persistence ran over the threshold, this one among them), or over the whole seconds from
+//! the window and persistence before it to its end ([`Judged`]); otherwise it is false. Writes
+//! steady.json and steady.md.
 
 use std::{fmt::Write as _, path::Path, time::Duration};
 
 use anyhow::{Context, Result};
 use log::info;
-use model::detector::DetectorParams;
+use model::detector::Span;
 use serde_json::{json, Value};
 
 use super::{
@@ -24,22 +26,19 @@ use super::{
 };
 use crate::config::DEFAULT_CONFIG;
 
-/// How long before an alert's start its slow iterations began: the rule's window and
-/// persistence, at most (the judged span starts this much earlier).
-fn lead_in(d: &DetectorParams) -> Duration {
-    let us = |s: model::detector::Span| match s {
-        model::detector::Span::Micros(us) => us,
-        // Counted in iterations: a generous second.
-        model::detector::Span::Iterations(_) => 1_000_000,
-    };
-    Duration::from_micros(us(d.window) + us(d.start_after))
+/// A span of the rule in time; counted in iterations, a generous second.
+fn span_us(s: Span) -> f64 {
+    match s {
+        Span::Micros(us) => us as f64,
+        Span::Iterations(_) => 1e6,
+    }
 }
 
 /// Rows of the export read around a judged span, before and after it, µs: enough prefills
 /// among them to place the rows in the log.
 const AROUND_US: (f64, f64) = (5e6, 2e6);
 
-/// vLLM's own pace over the iterations that ended in `[from_us, to_us)` (an alert's lead);
+/// vLLM's own pace over the iterations that ended in `[from_us, to_us)` (an alert's window);
 /// `rows` in export order, which is the order of their ends (one engine's iterations do not
 /// overlap).
 fn raised_by(pace: &Pace, rows: &[Exported], from_us: f64, to_us: f64) -> Option<f64> {
@@ -115,7 +114,10 @@ pub fn run(
         .filter(|(r, start_us, decode)| *decode && *start_us >= from_us && r.end_us <= to_us)
         .count();
     let rows: Vec<Exported> = export.into_iter().map(|(r, ..)| r).collect();
-    let lead_in = lead_in(&detector).as_secs_f64() * 1e6;
+    // How long before an alert's start its slow iterations began: the rule's window and
+    // persistence, at most.
+    let lead_in = span_us(detector.window) + span_us(detector.start_after);
+    let window = span_us(detector.window);
     let mut judged = Vec::new();
     for a in alerts.as_array().context("/api/v1/alerts is not a list")? {
         let started = a["started_unix_ms"].as_f64().unwrap_or(0.0) * 1e3;
@@ -126,7 +128,7 @@ pub fn run(
         let threshold = detector.threshold(a["ucl"].as_f64().unwrap_or(0.0));
         let needed = model::baseline::slowdown_of_error(threshold);
         let j = pace.judge(started - lead_in, ended);
-        let raised_by = raised_by(&pace, &rows, started - lead_in, started);
+        let raised_by = raised_by(&pace, &rows, started - window, started);
         let explained = [raised_by, j.elapsed, j.period]
             .into_iter()
             .flatten()
@@ -191,7 +193,7 @@ fn markdown(out: &Value) -> String {
     );
     let judged = out["judged"].as_array().cloned().unwrap_or_default();
     if !judged.is_empty() {
-        let _ = writeln!(s, "| Alert | Started (unix ms) | Iterations | Slowdown (stallscope) | Needed | vLLM, the iterations that raised it / usual | vLLM elapsed / usual, whole seconds | vLLM decode period / usual | Verdict |");
+        let _ = writeln!(s, "| Alert | Started (unix ms) | Iterations | Slowdown (stallscope) | Needed | vLLM, the window that opened it / usual | vLLM elapsed / usual, whole seconds | vLLM decode period / usual | Verdict |");
         let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---|");
         let f = |v: &Value| v.as_f64().map_or("-".into(), |x| format!("{x:.2}"));
         for j in judged {
