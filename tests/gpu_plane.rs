@@ -19,8 +19,8 @@ use std::{
 
 mod common;
 use common::{
-    expect_failure, free_port, http_get, python, python_check, require_root, stallscope, tmpdir,
-    Proc,
+    expect_failure, free_port, http_get, json_of, python, python_check, require_root, stallscope,
+    tmpdir, Proc,
 };
 
 /// The stand-in, copied under CUPTI 13's file name.
@@ -100,8 +100,10 @@ fn stallscope_standin() -> Command {
     c
 }
 
-fn gpu(pid: u32, extra: &[&str]) -> std::process::Output {
-    stallscope_standin()
+/// `stallscope gpu` on `pid` for 2 s with `extra` arguments: its JSON report (the run, said
+/// as `what`, must succeed).
+fn gpu(pid: u32, extra: &[&str], what: &str) -> serde_json::Value {
+    let out = stallscope_standin()
         .args([
             "gpu",
             "--pid",
@@ -112,7 +114,8 @@ fn gpu(pid: u32, extra: &[&str]) -> std::process::Output {
         ])
         .args(extra)
         .output()
-        .unwrap()
+        .unwrap();
+    json_of(out, what)
 }
 
 fn nothing_left(t: &Target) {
@@ -136,13 +139,7 @@ fn traces_a_live_process_and_gives_everything_back() {
     );
     let dir = tmpdir("gpu-trace-out");
     let trace = dir.join("gpu.pftrace");
-    let out = gpu(t.pid(), &["-o", trace.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = gpu(t.pid(), &["-o", trace.to_str().unwrap()], "first attach");
     let s = &r["summary"];
     // ~2 s of 2.4 ms steps: hundreds of each.
     assert!(s["kernels"].as_u64().unwrap() > 200, "{r}");
@@ -192,10 +189,7 @@ fn traces_a_live_process_and_gives_everything_back() {
             k.start >= call.start,
             "{k:?} starts before its launch {call:?}"
         );
-        let corr = match k.args["correlation_id"] {
-            perfetto_writer::read::ArgValue::Int(c) => c as u32,
-            ref other => panic!("{other:?}"),
-        };
+        let corr = correlation_id(k);
         let (t0, t1) = launches[&corr];
         let outside = t0
             .saturating_sub(call.start)
@@ -212,12 +206,7 @@ fn traces_a_live_process_and_gives_everything_back() {
     drop(launches);
 
     // A second attach works the same way.
-    let again = gpu(t.pid(), &[]);
-    assert!(
-        again.status.success(),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
-    );
+    gpu(t.pid(), &[], "second attach");
     nothing_left(&t);
 }
 
@@ -227,16 +216,11 @@ fn sampled_tracing_records_every_launch_inside_its_spans_and_none_far_outside() 
     let t = Target::start("gpu-sampled", None, &[]);
     let dir = tmpdir("gpu-sampled-out");
     let trace = dir.join("gpu.pftrace");
-    let out = gpu(
+    let r = gpu(
         t.pid(),
         &["--sample", "200ms/600ms", "-o", trace.to_str().unwrap()],
+        "sampled",
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["sampling"], "200ms/600ms", "{r}");
     let spans: Vec<(u64, u64)> = serde_json::from_value(r["traced_ns"].clone()).unwrap();
     let [from, to]: [u64; 2] = serde_json::from_value(r["window_ns"].clone()).unwrap();
@@ -258,13 +242,8 @@ fn sampled_tracing_records_every_launch_inside_its_spans_and_none_far_outside() 
     let (kernels, pairs) = kernel_calls(&d, t.pid());
     assert_eq!(pairs.len(), kernels, "every kernel's flow starts at a call");
     let launches = t.launches.lock().unwrap();
-    let recorded: std::collections::HashSet<u32> = pairs
-        .iter()
-        .map(|(k, _)| match k.args["correlation_id"] {
-            perfetto_writer::read::ArgValue::Int(c) => c as u32,
-            ref other => panic!("{other:?}"),
-        })
-        .collect();
+    let recorded: std::collections::HashSet<u32> =
+        pairs.iter().map(|(k, _)| correlation_id(k)).collect();
     let mut inside = 0;
     for (corr, &(t0, t1)) in launches.iter() {
         if t0 < from || t1 > to {
@@ -326,6 +305,14 @@ fn kernel_calls(d: &perfetto_writer::read::Decoded, tid: u32) -> (usize, Vec<(&S
 
 /// API slices of `cudaGetDevice`, which the stand-in records before each launch unless told
 /// not to (the agent turns such queries off).
+/// A kernel slice's CUPTI correlation id (the target's own key for its launches).
+fn correlation_id(kernel: &Slice) -> u32 {
+    match kernel.args["correlation_id"] {
+        perfetto_writer::read::ArgValue::Int(c) => c as u32,
+        ref other => panic!("correlation_id {other:?} in {kernel:?}"),
+    }
+}
+
 fn queries(d: &perfetto_writer::read::Decoded) -> usize {
     d.slices
         .iter()
@@ -505,13 +492,7 @@ fn a_slot_shared_by_another_tool_is_shared_and_left_to_it() {
     require_root();
     let t = Target::start("gpu-shared", Some("shared"), &[]);
     for attach in ["first", "again"] {
-        let out = gpu(t.pid(), &[]);
-        assert!(
-            out.status.success(),
-            "{attach}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let r = gpu(t.pid(), &[], attach);
         assert_eq!(r["subscription"], "shared (multi-subscriber)", "{r}");
         assert!(r["summary"]["kernels"].as_u64().unwrap() > 200, "{r}");
         assert_eq!(r["summary"]["correlated_pct"], 100.0, "{r}");
@@ -541,13 +522,11 @@ fn older_cupti_and_drivers_that_cannot_share_are_traced_alone() {
         let t = Target::start("gpu-alone", None, &[env]);
         let dir = tmpdir("gpu-alone-out");
         let trace = dir.join("gpu.pftrace");
-        let out = gpu(t.pid(), &["-o", trace.to_str().unwrap()]);
-        assert!(
-            out.status.success(),
-            "{env:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let r = gpu(
+            t.pid(),
+            &["-o", trace.to_str().unwrap()],
+            &format!("{env:?}"),
         );
-        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(r["cupti_version"], version, "{r}");
         assert_eq!(r["subscription"], mode, "{r}");
         assert!(r["summary"]["kernels"].as_u64().unwrap() > 200, "{r}");

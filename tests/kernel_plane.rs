@@ -11,7 +11,7 @@ use serde_json::Value;
 
 mod common;
 use common::{
-    expect_failure, expect_json, require_root, stallscope, stallscope_unprivileged, Proc,
+    expect_failure, expect_json, json_of, require_root, stallscope, stallscope_unprivileged, Proc,
 };
 
 /// A running workload process, killed on drop, and what it announced (its pid and tids).
@@ -116,9 +116,7 @@ fn accounting_matches_kernel_schedstat_with(hooks: &str, kind: &str) {
             at_close = Some([schedstat(pid, busy), schedstat(pid, sleeper)]);
         }
     }
-    let out = probe.wait_with_output().unwrap();
-    assert!(out.status.success());
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = json_of(probe.wait_with_output().unwrap(), "stallscope probe");
     let (open, close) = (
         at_open.expect("window opened"),
         at_close.expect("window closed"),
@@ -342,9 +340,10 @@ fn memlock_limit_is_lifted_and_not_needed_on_this_kernel() {
                     .and_then(|l| l.split_whitespace().nth(3).map(str::to_string));
             }
         }
-        let out = probe.wait_with_output().unwrap();
-        assert!(out.status.success(), "--memlock={limit}: the probe failed");
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let report = json_of(
+            probe.wait_with_output().unwrap(),
+            &format!("--memlock={limit}: the probe failed"),
+        );
         assert!(
             report["threads"].as_array().is_some_and(|t| !t.is_empty()),
             "{report}"

@@ -117,11 +117,11 @@ fn pair<'a>(rows: &'a [Row], log: &'a [LogIteration]) -> Paired<'a> {
 /// The alert rule's window in the default config (a span of time): the iterations that ended
 /// within it before an alert's start are the window that opened it.
 fn rule_window(default: &str) -> Duration {
-    let v = default
-        .lines()
-        .find_map(|l| l.strip_prefix("window = "))
-        .expect("the default config has no window");
-    humantime::parse_duration(v.trim().trim_matches('"'))
+    let config: toml::Table = default.parse().expect("the default config is TOML");
+    let v = config["sentinel"]["window"]
+        .as_str()
+        .expect("the default config's [sentinel] window is a span of time, such as \"1s\"");
+    humantime::parse_duration(v)
         .unwrap_or_else(|e| panic!("the default config's window is not a span of time: {v} ({e})"))
 }
 

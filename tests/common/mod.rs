@@ -243,12 +243,7 @@ pub fn python_check(trace: &std::path::Path) -> serde_json::Value {
         .arg(trace)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "perfetto_trace_pb2 rejects the trace:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    json_of(out, "perfetto_trace_pb2 rejects the trace")
 }
 
 /// When the capture of deep dive `dive` began, ns since the epoch, by its trace's own clocks:
@@ -290,11 +285,21 @@ pub fn expect_success(cmd: &mut Command) -> Vec<u8> {
 /// Runs `cmd` (a stallscope command with `--json`), asserts it succeeds, and parses the one
 /// JSON document it prints.
 pub fn expect_json(cmd: &mut Command) -> serde_json::Value {
-    let out = expect_success(cmd);
-    serde_json::from_slice(&out).unwrap_or_else(|e| {
+    json_of(cmd.output().unwrap(), &format!("{cmd:?}"))
+}
+
+/// The one JSON document a finished run printed, asserting it succeeded (`what` names the run
+/// in the failure, with its stderr).
+pub fn json_of(out: std::process::Output, what: &str) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
-            "{cmd:?} printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&out)
+            "{what} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
         )
     })
 }

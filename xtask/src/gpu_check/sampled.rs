@@ -29,6 +29,15 @@ fn mean(v: &[u64]) -> Option<f64> {
     (!v.is_empty()).then(|| v.iter().sum::<u64>() as f64 / v.len() as f64)
 }
 
+/// The agent's switches (the traced spans' starts and ends) within `[from, to)`.
+fn switch_times(spans: &[(u64, u64)], from: u64, to: u64) -> Vec<u64> {
+    spans
+        .iter()
+        .flat_map(|&(a, b)| [a, b])
+        .filter(|t| (from..to).contains(t))
+        .collect()
+}
+
 /// Steps of `[from, to]` by where they began: traced, untraced, within a switch.
 fn split(
     steps: &[(u64, u64)],
@@ -36,11 +45,7 @@ fn split(
     from: u64,
     to: u64,
 ) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
-    let switches: Vec<u64> = spans
-        .iter()
-        .flat_map(|&(a, b)| [a, b])
-        .filter(|t| (from..to).contains(t))
-        .collect();
+    let switches = switch_times(spans, from, to);
     let (mut on, mut off, mut switching) = (Vec::new(), Vec::new(), Vec::new());
     for &(s, e) in steps.iter().filter(|(s, e)| from <= *s && *e <= to) {
         if switches.iter().any(|&t| t <= s && s < t + SWITCH_NS) {
@@ -89,11 +94,7 @@ pub fn run(bin: &Path, target: &mut DecodeLoop, rounds: usize) -> Result<Value> 
         let [from, to]: [u64; 2] = serde_json::from_value(r["window_ns"].clone())?;
         let steps = target.step_spans(from, to);
         let (o, f, s) = split(&steps, &spans, from, to);
-        switches += spans
-            .iter()
-            .flat_map(|&(a, b)| [a, b])
-            .filter(|t| (from..to).contains(t))
-            .count();
+        switches += switch_times(&spans, from, to).len();
         traced_ns += spans.iter().map(|(a, b)| b - a).sum::<u64>();
         window_ns += to - from;
         let all: Vec<u64> = steps.iter().map(|(s, e)| e - s).collect();
