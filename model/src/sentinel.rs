@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     baseline::{positive_error, Baseline, BaselineParams, Fingerprint, Sample},
-    detector::{Detector, DetectorParams, Step, Transition},
+    detector::{Detector, DetectorParams, Span, Step, Transition},
     features::Workload,
     recalibration::Recalibration,
     stage::Stage,
@@ -43,10 +43,11 @@ pub struct SentinelParams {
     pub training_span_ms: u64,
     /// Also model and alert on prefill and mixed iterations (default: decode only).
     pub alert_on_prefill: bool,
-    /// Scale the model's predictions by the median observed/predicted ratio of this many
-    /// recent healthy iterations (0: off); see [`Recalibration`].
-    pub recalibrate_over: usize,
-    /// Bound of that scale: within `[1/(1+max), 1+max]`.
+    /// Scale the model's predictions by the median observed/predicted ratio of the healthy
+    /// iterations of this recent span (a count or a time; `Iterations(0)`: off); see
+    /// [`Recalibration`].
+    pub recalibrate_over: Span,
+    /// Bound of that scale: within `[1, 1+max]`.
     pub recalibrate_max: f64,
     /// While no alert is open, an iteration of a batch size outside the range the model was
     /// fitted on is not judged but learned (a tree ensemble predicts it as the nearest batch
@@ -64,7 +65,7 @@ impl Default for SentinelParams {
             max_training_samples: 20_000,
             training_span_ms: 0,
             alert_on_prefill: false,
-            recalibrate_over: 0,
+            recalibrate_over: Span::Iterations(0),
             recalibrate_max: 0.2,
             learn_unseen_batches: 100,
         }
@@ -246,7 +247,7 @@ impl Sentinel {
         {
             let (s, raw, end_ns) = self.pending.pop_front().expect("non-empty");
             if let Some(raw) = raw {
-                self.recalibration.push(s.duration_us, raw);
+                self.recalibration.push(end_ns, s.duration_us, raw);
             }
             self.add_training(s, end_ns);
         }

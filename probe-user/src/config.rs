@@ -479,10 +479,10 @@ pub struct SentinelConfig {
     pub training_span: Duration,
     /// Model prefill and mixed iterations too.
     pub alert_on_prefill: bool,
-    /// Healthy iterations whose median observed/predicted ratio scales the predictions (0:
-    /// off).
-    #[serde(default)]
-    pub recalibrate_over: usize,
+    /// The recent span whose healthy iterations' median observed/predicted ratio scales the
+    /// predictions: a time (`"10s"`) or a count of iterations (`200`; 0: off; absent: off).
+    #[serde(with = "span_text", default = "no_recalibration")]
+    pub recalibrate_over: Span,
     /// Bound of that scale.
     #[serde(default = "recalibrate_max")]
     pub recalibrate_max: f64,
@@ -519,6 +519,10 @@ fn on() -> bool {
 
 fn one() -> f64 {
     1.0
+}
+
+fn no_recalibration() -> Span {
+    Span::Iterations(0)
 }
 
 fn recalibrate_max() -> f64 {
@@ -849,7 +853,25 @@ mod tests {
         assert_eq!(d.window, Span::Iterations(10));
         assert_eq!(d.start_after, Span::Micros(1_000_000));
         assert_eq!(d.min_slowdown, 1.25);
+        // The recalibration's span likewise: in time by default, a count where given.
+        let over = |text: &str| {
+            Config::parse_over_default(text, "x")
+                .unwrap()
+                .sentinel
+                .params()
+                .recalibrate_over
+        };
+        assert_eq!(over(""), Span::Micros(10_000_000));
+        assert_eq!(
+            over("[sentinel]\nrecalibrate_over = 200\n"),
+            Span::Iterations(200)
+        );
+        assert_eq!(
+            over("[sentinel]\nrecalibrate_over = 0\n"),
+            Span::Iterations(0)
+        );
         for (over, key) in [
+            ("recalibrate_over = \"often\"", "recalibrate_over"),
             ("window = \"soon\"", "window"),
             ("window = 0", "sentinel.window"),
             ("start_after = \"0s\"", "sentinel.start_after"),
