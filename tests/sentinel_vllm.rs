@@ -322,7 +322,8 @@ fn sentinel_on_real_vllm() {
     // window that opened it (the iterations that ended within the rule's window before its
     // start, each of stallscope's rows paired with its own log line: the rule asserts that
     // every window of its persistence ran over the threshold, this one among them; pooled with
-    // the persistence's earlier steps, a real 1.5x stall of 0.75 s read as 1.17x), or by the
+    // the calm steps before it over window and persistence, a 1.5x stall filling 0.75 s of a
+    // 1 s window reads about 1.17x), or by the
     // median of the logged steps over the whole seconds from two before it to its end.
     let steady_started = Instant::now();
     std::thread::sleep(steady_window);

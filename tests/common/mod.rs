@@ -274,12 +274,17 @@ pub fn capture_start_unix_ns(dive: &serde_json::Value) -> i128 {
 /// Runs `cmd`, asserts it succeeded (showing its stderr if not), returns its stdout.
 pub fn expect_success(cmd: &mut Command) -> Vec<u8> {
     let out = cmd.output().unwrap();
+    assert_succeeded(&out, &format!("{cmd:?}"));
+    out.stdout
+}
+
+/// Asserts that a finished run succeeded, showing its stderr if not (`what` names it).
+pub fn assert_succeeded(out: &std::process::Output, what: &str) {
     assert!(
         out.status.success(),
-        "{cmd:?}: {}",
+        "{what}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    out.stdout
 }
 
 /// Runs `cmd` (a stallscope command with `--json`), asserts it succeeds, and parses the one
@@ -291,11 +296,7 @@ pub fn expect_json(cmd: &mut Command) -> serde_json::Value {
 /// The one JSON document a finished run printed, asserting it succeeded (`what` names the run
 /// in the failure, with its stderr).
 pub fn json_of(out: std::process::Output, what: &str) -> serde_json::Value {
-    assert!(
-        out.status.success(),
-        "{what}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out, what);
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "{what} printed no JSON ({e}): {}",
