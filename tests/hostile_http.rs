@@ -156,6 +156,7 @@ fn hostile_requests_are_refused_within_their_limits_and_change_nothing() {
         ("150 headers", format!("GET /api/v1/status HTTP/1.1\r\nHost: x\r\n{many_headers}\r\n").into_bytes(), vec![], Expect::RefusedOrCut),
         ("bytes that are not HTTP", vec![0, 1, 2, 0xff, 0xfe, b'\r', b'\n', b'\r', b'\n'], vec![], Expect::RefusedOrCut),
         ("a chunk size past any limit", b"POST /api/v1/deep-dive HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nFFFFFFFFFFFFFFFFFF\r\n".to_vec(), vec![], Expect::RefusedOrCut),
+        ("a connection that sends nothing", vec![], vec![], Expect::RefusedOrCut),
         ("a head never finished (slowloris)", b"GET /api/v1/status HTTP/1.1\r\nHost: x\r\n".to_vec(), vec![], Expect::RefusedOrCut),
         ("a body trickled and never finished", format!("POST /api/v1/deep-dive HTTP/1.1\r\nHost: x\r\n{}Content-Length: 100\r\n\r\n", bearer(TOKEN)).into_bytes(), b"{\"pid\"".to_vec(), Expect::Status(408)),
     ];
@@ -249,6 +250,15 @@ fn hostile_requests_are_refused_within_their_limits_and_change_nothing() {
         after - before >= 32.0,
         "refused past the cap: {before} -> {after}"
     );
+
+    // Each kind of close the client cannot tell from a dropped connection is said in the log.
+    let log = d.log();
+    for said in [
+        "its request head was not complete within 5s of its opening",
+        "at once: 64 are open",
+    ] {
+        assert!(log.contains(said), "the log says \"{said}\":\n{log}");
+    }
 
     // What the daemon writes about the engine is its user's alone.
     use std::os::unix::fs::PermissionsExt;

@@ -73,7 +73,7 @@ fuzz_target!(|data: &[u8]| {
         let mut answer = Vec::new();
         let _ = rx.read_to_end(&mut answer).await;
         let _ = send.await;
-        conn.await.expect("the connection's task does not panic");
+        let _ = conn.await.expect("the connection's task does not panic");
         answer
     });
     if !answer.is_empty() {

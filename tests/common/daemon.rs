@@ -232,6 +232,13 @@ impl Daemon {
         std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
     }
 
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
     /// Where its HTTP API listens.
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::new(self.host, self.port)
@@ -241,7 +248,12 @@ impl Daemon {
     pub fn get(&self, path: &str) -> String {
         let r =
             sys_util::http::request_to(self.addr(), "GET", path, "", "", Duration::from_secs(60))
-                .unwrap_or_else(|e| panic!("GET {path}: no answer within 60 s: {e}"));
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "GET {path}: no answer within 60 s: {e}; the daemon's log ends:\n{}",
+                        self.log_tail(40)
+                    )
+                });
         assert_eq!(r.status, 200, "GET {path}: {}", r.body);
         r.body
     }

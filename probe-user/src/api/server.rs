@@ -12,7 +12,16 @@
 //!
 //! Bodies are bounded per route ([`axum::extract::DefaultBodyLimit`], 413 past it).
 
-use std::{future::Future, pin::pin, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    future::Future,
+    pin::pin,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
 
 use axum::{
     body::Body,
@@ -54,8 +63,9 @@ pub async fn serve(
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let (closing_tx, closing) = tokio::sync::watch::channel(false);
     let mut stop = pin!(stop);
+    let said = Arc::new(Mutex::new(Throttled::default()));
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(s) => s,
                 Err(e) => {
@@ -68,18 +78,36 @@ pub async fn serve(
             () = &mut stop => break,
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Counted and said: a scrape closed here reads to its client as a dropped
+            // connection, with nothing else to tell why.
             refused.inc();
+            said.lock().unwrap_or_else(|p| p.into_inner()).say(
+                "at the cap",
+                log::Level::Warn,
+                &format!("closed a connection from {peer} at once: {MAX_CONNECTIONS} are open"),
+            );
             drop(stream);
             continue;
         };
         let mut closing = closing.clone();
         let app = app.clone();
+        let said = said.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            serve_connection(TokioIo::new(stream), app, async move {
+            let served = serve_connection(TokioIo::new(stream), app, async move {
                 let _ = closing.changed().await;
             })
             .await;
+            if let Err(e) = served {
+                // A head not received in time closes the connection without an answer
+                // (hyper answers 400/431 to one that does not parse): the client sees a
+                // dropped connection, the log says why.
+                let (kind, why) = why_closed(&e);
+                let line = format!("closed the connection from {peer}: {why}");
+                said.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .say(kind, log::Level::Info, &line);
+            }
         });
     }
     let _ = closing_tx.send(true);
@@ -95,24 +123,57 @@ pub fn with_limits(app: Router) -> Router {
 
 /// Serves one connection of `app` (already [`with_limits`]) until the client ends it, it
 /// reaches [`MAX_CONNECTION_AGE`] or `closing` resolves; then lets it finish its request for
-/// a moment. The accept loop's unit, and what fuzzing feeds bytes to.
-pub async fn serve_connection<I>(io: I, app: Router, closing: impl Future<Output = ()>)
+/// a moment. The accept loop's unit, and what fuzzing feeds bytes to. The error is why the
+/// connection ended other than by the client closing it after its answers.
+pub async fn serve_connection<I>(
+    io: I,
+    app: Router,
+    closing: impl Future<Output = ()>,
+) -> Result<(), hyper::Error>
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEAD_TIMEOUT);
-    let service =
-        TowerToHyperService::new(app.map_request(|r: Request<Incoming>| r.map(Body::new)));
+    // hyper's head timer also runs while a kept-alive connection waits for its next request
+    // and ends it with the same error: after an answer that is the normal idle close.
+    let answered = Arc::new(AtomicBool::new(false));
+    let service = TowerToHyperService::new(app.map_request({
+        let answered = answered.clone();
+        move |r: Request<Incoming>| {
+            answered.store(true, Ordering::Relaxed);
+            r.map(Body::new)
+        }
+    }));
     let mut conn = pin!(http.serve_connection(io, service));
     tokio::select! {
-        _ = conn.as_mut() => return,
+        served = conn.as_mut() => {
+            return match served {
+                Err(e) if e.is_timeout() && answered.load(Ordering::Relaxed) => Ok(()),
+                served => served,
+            }
+        }
         _ = tokio::time::sleep(MAX_CONNECTION_AGE) => {}
         _ = closing => {}
     }
     conn.as_mut().graceful_shutdown();
-    let _ = tokio::time::timeout(DRAIN, conn).await;
+    // A connection still busy after the drain is cut: that is the stop's choice, not an error.
+    tokio::time::timeout(DRAIN, conn).await.unwrap_or(Ok(()))
+}
+
+/// Why hyper ended a connection, in the terms of the limits above: its kind and the words.
+fn why_closed(e: &hyper::Error) -> (&'static str, String) {
+    if e.is_timeout() {
+        let why =
+            format!("its request head was not complete within {HEAD_TIMEOUT:?} of its opening");
+        ("head timeout", why)
+    } else if e.is_parse() || e.is_parse_too_large() {
+        let why = format!("its request did not parse ({e}); answered with an error status");
+        ("unparsed", why)
+    } else {
+        ("other", e.to_string())
+    }
 }
 
 /// Refuses a head over [`MAX_HEAD_BYTES`] (431) and answers 408 to a request not answered
@@ -141,4 +202,31 @@ async fn limits(req: Request, next: axum::middleware::Next) -> Response {
 
 fn refuse(code: StatusCode, why: String) -> Response {
     (code, axum::Json(serde_json::json!({ "error": why }))).into_response()
+}
+
+/// How often a flood of closed connections is said in the log.
+const SAY_EVERY: Duration = Duration::from_secs(10);
+
+/// The log's lines about closed connections: of each kind the first, then at most one per
+/// [`SAY_EVERY`] with how many of that kind went unsaid since, so that a flood of hostile
+/// connections cannot flood the log too.
+#[derive(Default)]
+struct Throttled(HashMap<&'static str, (Instant, u64)>);
+
+impl Throttled {
+    fn say(&mut self, kind: &'static str, level: log::Level, line: &str) {
+        let now = Instant::now();
+        match self.0.get_mut(kind) {
+            Some((at, unsaid)) if now.duration_since(*at) < SAY_EVERY => *unsaid += 1,
+            Some((at, unsaid)) => {
+                let n = std::mem::take(unsaid);
+                *at = now;
+                log::log!(level, "{line} ({n} more such since this was last said)");
+            }
+            None => {
+                self.0.insert(kind, (now, 0));
+                log::log!(level, "{line}");
+            }
+        }
+    }
 }
