@@ -171,6 +171,31 @@ fn kernel_runq_share(report: &Value, tid: u32) -> f64 {
     t["runq_wait_ns"].as_f64().unwrap() / report["window_ns"].as_f64().unwrap()
 }
 
+/// `stallscope probe --pid W ARGS`, with a line written to `w`'s stdin once the probe's
+/// window is open; its output, stderr included.
+fn probe_with_go(w: &mut Workload, args: &[&str]) -> std::process::Output {
+    let mut probe = stallscope()
+        .args(["probe", "--pid", &w.pid().to_string()])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(probe.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("probe: window open") {
+        assert!(
+            stderr.read_line(&mut said).unwrap() > 0,
+            "the probe ended before its window opened:\n{said}"
+        );
+    }
+    writeln!(w.proc.child().stdin.as_mut().unwrap(), "go").unwrap();
+    stderr.read_to_string(&mut said).unwrap();
+    let mut out = probe.wait_with_output().unwrap();
+    out.stderr = said.into_bytes();
+    out
+}
+
 /// `stallscope probe --json` for 1 s (and `extra`) on a one-thread syscall storm.
 fn storm_report(extra: &[&str]) -> Value {
     let storm = Workload::start(&["syscall-storm", "--threads", "1"]);
@@ -193,17 +218,22 @@ fn storm_thread(report: &Value) -> &Value {
 }
 
 /// Syscall counts, latency totals and send/recv bytes are attributed to the right thread.
+/// The storm runs 1 s inside a 3 s window, so no call is in flight at either snapshot and
+/// every count is exact.
 #[test]
 fn syscalls_and_network_bytes_are_counted() {
     require_root();
-    let report = storm_report(&[]);
+    let mut storm = Workload::start(&["syscall-storm", "--threads", "1", "--go-for", "1"]);
+    let out = probe_with_go(&mut storm, &["--duration", "3s", "--json"]);
+    let report = json_of(out, "stallscope probe");
     let storm_thread = storm_thread(&report);
     let sys = &storm_thread["syscalls"];
-    let getppid = sys["getppid"]["count"].as_u64().unwrap();
-    let sendto = sys["sendto"]["count"].as_u64().unwrap();
+    let count = |name: &str| sys[name]["count"].as_u64().unwrap_or(0);
+    let (getppid, sendto, recvfrom) = (count("getppid"), count("sendto"), count("recvfrom"));
     assert!(getppid > 10_000, "{sys}");
-    // 64 getppid per sendto in the workload loop.
-    assert!((getppid as f64 / sendto as f64 - 64.0).abs() < 2.0, "{sys}");
+    // 64 getppid per sendto and recvfrom in the workload's loop.
+    assert_eq!(getppid, 64 * sendto, "{sys}");
+    assert_eq!(recvfrom, sendto, "{sys}");
     // The loop's sched_yield is a spin-wait's, left out outside deep dives.
     assert!(sys.get("sched_yield").is_none(), "{sys}");
     assert!(sys["getppid"]["total_ns"].as_u64().unwrap() > 0);
@@ -213,29 +243,12 @@ fn syscalls_and_network_bytes_are_counted() {
         .iter()
         .map(|v| v.as_u64().unwrap())
         .sum();
-    // The kernel bumps a call's count first and its bucket last, and reading the map does
-    // not stop it: a snapshot can catch the one call in flight between the two, so each of
-    // the window's two snapshots may be off by one.
-    assert!(
-        hist.abs_diff(getppid) <= 2,
-        "histogram counts every call: {hist} in buckets, {getppid} counted"
-    );
-    let tx = storm_thread["net_tx_bytes"].as_u64().unwrap();
-    // Each sendto sends 100 bytes. Thread totals and syscall totals are read one after the
-    // other at the window's edges, so a few calls may fall on either side (more at higher call
-    // rates): allow 4 calls plus one in 5,000.
-    let slack = |calls: u64| 100 * (4 + calls / 5000);
-    assert!(
-        tx.abs_diff(100 * sendto) <= slack(sendto),
-        "tx {tx} bytes for {sendto} sendto calls"
-    );
-    let (rx, recvfrom) = (
+    assert_eq!(hist, getppid, "the histogram counts every call");
+    // Each sendto sends 100 bytes and each recvfrom receives them.
+    assert_eq!(storm_thread["net_tx_bytes"].as_u64().unwrap(), 100 * sendto);
+    assert_eq!(
         storm_thread["net_rx_bytes"].as_u64().unwrap(),
-        sys["recvfrom"]["count"].as_u64().unwrap(),
-    );
-    assert!(
-        rx.abs_diff(100 * recvfrom) <= slack(recvfrom),
-        "rx {rx} bytes for {recvfrom} recvfrom calls"
+        100 * recvfrom
     );
     assert_eq!(report["lost_events"], 0);
 }
@@ -367,26 +380,8 @@ fn no_such_pid_is_a_clear_error() {
 fn target_exit_during_probe_gives_partial_result() {
     require_root();
     let mut w = Workload::start(&["exit-after", "--ms", "1200"]);
-    let mut probe = stallscope()
-        .args(["probe", "--pid", &w.pid().to_string()])
-        .args(["--duration", "10s", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
     // The workload's 1.2 s start once the window is open, however long the probe's setup took.
-    let mut stderr = BufReader::new(probe.stderr.take().unwrap());
-    let mut said = String::new();
-    while !said.contains("probe: window open") {
-        assert!(
-            stderr.read_line(&mut said).unwrap() > 0,
-            "the probe ended before its window opened:\n{said}"
-        );
-    }
-    writeln!(w.proc.child().stdin.as_mut().unwrap(), "go").unwrap();
-    stderr.read_to_string(&mut said).unwrap();
-    let mut out = probe.wait_with_output().unwrap();
-    out.stderr = said.into_bytes();
+    let out = probe_with_go(&mut w, &["--duration", "10s", "--json"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -28,9 +28,14 @@ enum Mode {
         cpu: usize,
     },
     /// `threads` threads issuing cheap syscalls (getppid) and sendto/recvfrom on a socketpair.
+    /// With `go_for`, they wait for a line on stdin (a probe's window is open), storm that
+    /// many seconds, and stop at the top of their loop: every count of a window that outlasts
+    /// them is whole.
     SyscallStorm {
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        #[arg(long)]
+        go_for: Option<f64>,
     },
     /// Two threads bouncing a byte over pipes for `seconds` (after `warmup` seconds of
     /// waiting, so a probe can attach first); prints round trips per second.
@@ -119,9 +124,15 @@ fn main() {
                 spin_for(Duration::from_secs(1));
             }
         }
-        Mode::SyscallStorm { threads } => {
+        Mode::SyscallStorm { threads, go_for } => {
+            static GO: AtomicBool = AtomicBool::new(false);
+            static STOP: AtomicBool = AtomicBool::new(false);
+            GO.store(go_for.is_none(), Ordering::Relaxed);
             for i in 0..threads {
                 spawn_named(&format!("storm{i}"), || {
+                    while !GO.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                     let mut fds = [0; 2];
                     // SAFETY: valid array for two fds.
                     unsafe {
@@ -129,7 +140,7 @@ fn main() {
                     };
                     let buf = [7u8; 100];
                     let mut rbuf = [0u8; 100];
-                    loop {
+                    while !STOP.load(Ordering::Relaxed) {
                         for _ in 0..64 {
                             // SAFETY: plain syscalls on our own fds and buffers.
                             unsafe { libc::getppid() };
@@ -155,9 +166,20 @@ fn main() {
                             libc::sched_yield();
                         }
                     }
+                    // Stopped, not gone: the probe's report keeps the thread.
+                    loop {
+                        std::thread::sleep(Duration::from_secs(3600));
+                    }
                 });
             }
             announce(serde_json::json!({ "pid": std::process::id() }));
+            if let Some(seconds) = go_for {
+                let mut go = String::new();
+                let _ = std::io::stdin().read_line(&mut go);
+                GO.store(true, Ordering::Release);
+                std::thread::sleep(Duration::from_secs_f64(seconds));
+                STOP.store(true, Ordering::Relaxed);
+            }
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
             }
