@@ -409,6 +409,14 @@ pub struct WatchConfig {
     /// Rescan period for `process_patterns`.
     #[serde(with = "duration_text")]
     pub rescan_interval: Duration,
+    /// Keep the daemon's threads off the CPUs a watched process pins threads to (absent:
+    /// true).
+    #[serde(default = "avoid_pinned_cpus")]
+    pub avoid_pinned_cpus: bool,
+}
+
+fn avoid_pinned_cpus() -> bool {
+    true
 }
 
 /// Kernel accounting.

@@ -1,5 +1,7 @@
 //! Scheduling the threads that share the engine's cores: a background thread's CPU
-//! reservation.
+//! reservation, and the CPUs a thread may run on.
+
+use std::collections::BTreeSet;
 
 /// The CPU a background thread (the sentinel's fit, a deep dive's writer, an attach) may take: 1 ms of
 /// every 10 ms, a SCHED_DEADLINE reservation. A fit is 20 ms of CPU at 300 samples and 0.13 s at
@@ -94,8 +96,22 @@ pub fn reserved() -> std::io::Result<()> {
 
 /// The calling thread at SCHED_DEADLINE with `r` (deadline = period). Threads and processes it
 /// starts get the normal policy (SCHED_FLAG_RESET_ON_FORK; without it, the kernel refuses a
-/// deadline task's fork).
+/// deadline task's fork). The kernel reserves only a thread that may run on every CPU of its
+/// root domain: the thread is widened to every CPU its cpuset allows first, and narrowed back
+/// where the reservation is refused.
 fn reserve(r: &Reservation) -> std::io::Result<()> {
+    let before = affinity(0);
+    let _ = set_affinity(0, &(0..libc::CPU_SETSIZE as usize).collect());
+    let reserved = deadline(r);
+    if reserved.is_err() {
+        if let Ok(before) = before {
+            let _ = set_affinity(0, &before);
+        }
+    }
+    reserved
+}
+
+fn deadline(r: &Reservation) -> std::io::Result<()> {
     let attr = libc::sched_attr {
         size: std::mem::size_of::<libc::sched_attr>() as u32,
         sched_policy: SCHED_DEADLINE,
@@ -110,6 +126,39 @@ fn reserve(r: &Reservation) -> std::io::Result<()> {
     // read by the kernel during the call only.
     let rc = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const _, 0u32) };
     if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The CPUs thread `tid` may run on (0: the calling thread).
+pub fn affinity(tid: libc::pid_t) -> std::io::Result<BTreeSet<usize>> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set, written by the kernel during the call.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is valid and writable for the size passed.
+    if unsafe { libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) }
+        != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((0..libc::CPU_SETSIZE as usize)
+        // SAFETY: CPU_ISSET reads inside the set for indices below CPU_SETSIZE.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect())
+}
+
+/// Lets thread `tid` (0: the calling thread) run on `cpus` only (the kernel keeps those its
+/// cpuset allows, and refuses a set with none of them).
+pub fn set_affinity(tid: libc::pid_t, cpus: &BTreeSet<usize>) -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: CPU_SET writes inside the set for indices below CPU_SETSIZE.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: `set` is a valid cpu_set_t of the size passed, read during the call only.
+    if unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) } == 0 {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
@@ -138,12 +187,17 @@ mod tests {
 
     #[test]
     fn a_background_thread_is_reserved_or_batched_and_can_start_threads() {
-        let (own, child) = std::thread::spawn(|| {
+        let home = affinity(0).unwrap();
+        let first = *home.iter().next().unwrap();
+        let (own, child, cpus) = std::thread::spawn(move || {
+            // Narrowed to one CPU, as the daemon keeps its threads off an engine's pinned
+            // ones: the reservation widens it first.
+            set_affinity(0, &BTreeSet::from([first])).unwrap();
             let _ = background();
             let child = std::thread::spawn(policy)
                 .join()
                 .expect("a thread started from it");
-            (policy(), child)
+            (policy(), child, affinity(0).unwrap())
         })
         .join()
         .unwrap();
@@ -159,10 +213,14 @@ mod tests {
         // A reserved thread's children get the normal policy (the kernel refuses a deadline
         // task's fork otherwise); a batched one's inherit its policy.
         let expected = if everywhere {
-            (SCHED_DEADLINE as libc::c_int, libc::SCHED_OTHER)
+            (SCHED_DEADLINE as libc::c_int, libc::SCHED_OTHER, home)
         } else {
-            (libc::SCHED_BATCH, libc::SCHED_BATCH)
+            (
+                libc::SCHED_BATCH,
+                libc::SCHED_BATCH,
+                BTreeSet::from([first]),
+            )
         };
-        assert_eq!((own, child), expected);
+        assert_eq!((own, child, cpus), expected);
     }
 }

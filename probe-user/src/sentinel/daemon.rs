@@ -34,7 +34,7 @@ use crate::{
         features::{Features, KernelPaths},
         KernelPlane,
     },
-    os::procfs,
+    os::{affinity::Placement, procfs},
 };
 
 /// How long the rescan and the accounting, once due, wait for an iteration to end. Each
@@ -114,6 +114,7 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         thread_time: ThreadTime::default(),
         groups_shown: BTreeSet::new(),
         names: ProcessNames::default(),
+        placement: cfg.watch.avoid_pinned_cpus.then(Placement::new).flatten(),
     };
     let mut dives = Dives::new(
         &cfg.deep_dive,
@@ -261,6 +262,8 @@ struct Daemon<'a> {
     groups_shown: BTreeSet<String>,
     /// The node's processes' names, kept between rescans.
     names: ProcessNames,
+    /// Where the daemon's own threads run ([`crate::os::affinity`]); None when left alone.
+    placement: Option<Placement>,
 }
 
 /// Whether an attach failed because the process is not Python at all.
@@ -396,5 +399,8 @@ impl Daemon<'_> {
         self.attacher.keep_only(&engines, &self.shared.engines);
         let labels = placed.into_iter().map(|(p, x)| (p, x.labels)).collect();
         self.thread_time.follow(&labels, plane, &self.shared);
+        if let Some(p) = &mut self.placement {
+            p.follow(&watched);
+        }
     }
 }
