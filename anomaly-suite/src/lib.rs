@@ -339,12 +339,7 @@ pub(crate) fn realtime() -> bool {
 
 /// Pins the calling thread to `cpu`.
 pub(crate) fn pin(cpu: usize) -> bool {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-    }
+    sys_util::sched::set_affinity(0, &std::collections::BTreeSet::from([cpu])).is_ok()
 }
 
 #[cfg(test)]

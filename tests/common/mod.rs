@@ -510,38 +510,17 @@ pub fn start_hog(cpus: &str, hog: Hog) -> Proc {
     )
 }
 
-/// This thread's CPU mask.
-pub fn this_thread_affinity() -> libc::cpu_set_t {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; the kernel fills it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is the calling thread; `set` outlives the call.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
-    assert_eq!(
-        rc,
-        0,
-        "sched_getaffinity: {}",
-        std::io::Error::last_os_error()
-    );
-    set
+/// This thread's CPUs.
+pub fn this_thread_affinity() -> std::collections::BTreeSet<usize> {
+    sys_util::sched::affinity(0).unwrap_or_else(|e| panic!("sched_getaffinity: {e}"))
 }
 
-/// Sets this thread's CPU mask (children inherit it).
-pub fn set_this_thread_affinity(set: &libc::cpu_set_t) {
-    // SAFETY: pid 0 is the calling thread; `set` outlives the call.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(set), set) };
-    assert_eq!(
-        rc,
-        0,
-        "sched_setaffinity: {}",
-        std::io::Error::last_os_error()
-    );
+/// Sets this thread's CPUs (children inherit them).
+pub fn set_this_thread_affinity(cpus: &std::collections::BTreeSet<usize>) {
+    sys_util::sched::set_affinity(0, cpus).unwrap_or_else(|e| panic!("sched_setaffinity: {e}"));
 }
 
 /// Pins this thread to `cpu` (children inherit it).
 pub fn pin_this_thread_to_cpu(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    set_this_thread_affinity(&set);
+    set_this_thread_affinity(&std::collections::BTreeSet::from([cpu]));
 }

@@ -59,12 +59,7 @@ fn gettid() -> u32 {
 }
 
 fn pin(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is valid; we set one bit and apply it to this thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
-    }
+    let _ = sys_util::sched::set_affinity(0, &std::collections::BTreeSet::from([cpu]));
 }
 
 fn spin_for(d: Duration) {

@@ -29,6 +29,8 @@ use std::{
 use log::info;
 use sys_util::sched::{affinity, set_affinity};
 
+use super::procfs;
+
 /// How often the watched threads' affinities are read again when the watched set is
 /// unchanged: an engine binds its threads after it starts (vLLM's worker, once its model is
 /// loaded).
@@ -81,8 +83,7 @@ impl Placement {
             return;
         }
         let to: BTreeSet<usize> = self.home.difference(&off).copied().collect();
-        let moved = own_threads()
-            .into_iter()
+        let moved = threads_of(std::process::id())
             .filter(|&tid| affinity(tid).is_ok_and(|now| now != to))
             .filter(|&tid| set_affinity(tid, &to).is_ok())
             .count();
@@ -117,18 +118,11 @@ fn pinned_cpus(pids: &BTreeSet<u32>) -> BTreeSet<usize> {
         .collect()
 }
 
-fn threads_of(pid: u32) -> Vec<i32> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|d| {
-            d.flatten()
-                .filter_map(|t| t.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn own_threads() -> Vec<i32> {
-    threads_of(std::process::id())
+/// The thread ids of `pid` as the scheduler calls take them.
+fn threads_of(pid: u32) -> impl Iterator<Item = libc::pid_t> {
+    procfs::threads(pid)
+        .into_iter()
+        .filter_map(|t| libc::pid_t::try_from(t).ok())
 }
 
 #[cfg(test)]
