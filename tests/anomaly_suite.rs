@@ -124,6 +124,21 @@ fn terminate(mut c: Child, after: Duration) -> String {
     finish(c)
 }
 
+/// The Unix time minus CLOCK_MONOTONIC (the clock of Python's `time.monotonic()`), seconds.
+fn unix_minus_monotonic_s() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    unix - (ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+}
+
 /// The fields of `/proc/PID/stat` after the command name: `[0]` is the state, `[7]` minflt,
 /// `[11]` utime, `[12]` stime (proc(5), numbered from 3).
 fn stat_fields(pid: u32) -> Vec<String> {
@@ -456,12 +471,35 @@ fn python_sync_stall_slows_the_function_and_puts_it_back() {
         .collect();
     usual.sort_by(f64::total_cmp);
     let usual = usual[usual.len() / 2];
-    let c = stall("4s");
+    // From the last line before the injection, which is unstalled.
+    let seen = v.lines.lock().unwrap().len() - 1;
+    let c = inject(
+        "python-sync-stall",
+        Some(v.pid()),
+        Some("0.5"),
+        "4s",
+        &["--function", "__main__:Worker.work", "--json"],
+    );
     v.wait_until("stalled call", |l| l.iter().any(|l| l.3));
     // The call that was running when the stall went in may end unstalled.
     std::thread::sleep(Duration::from_millis(100));
     let during = v.watch(Duration::from_millis(800));
     let report = finish(c);
+    // The interval an evaluation labels starts when the wrapper is in place, not when the
+    // injector started (it then waited for the victim's safe point): after the victim's last
+    // line without the wrapper and by its first line with it (the lines come every 100 ms; the
+    // onset is taken once the injector has detached, a few ms after the wrapper went in).
+    let json: serde_json::Value = serde_json::from_str(report.trim()).expect(&report);
+    let onset = json["started_unix_us"].as_f64().unwrap() / 1e6 - unix_minus_monotonic_s();
+    let lines = v.lines.lock().unwrap()[seen..].to_vec();
+    let first = lines.iter().position(|l| l.3).expect("a stalled line");
+    assert!(first > 0, "{lines:?}");
+    let (before, after) = (lines[first - 1].0, lines[first].0);
+    assert!(
+        before <= onset && onset <= after + 0.05,
+        "onset {onset:.3} not between the last unstalled line {before:.3} and the first stalled {after:.3} (setup {} ms)",
+        json["setup_ms"]
+    );
     std::thread::sleep(Duration::from_millis(300));
     let after = v.watch(Duration::from_millis(500));
     assert!(

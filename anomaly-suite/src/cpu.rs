@@ -9,14 +9,14 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::{allowed_cpus, cgroup, hold, pin, realtime, threads, Params};
+use crate::{allowed_cpus, cgroup, hold, pin, realtime, threads, Onset, Params};
 
 /// The duty-cycle period of the contention loops.
 const PERIOD: Duration = Duration::from_millis(60);
 
 /// Loops pinned to each CPU, spinning `intensity` of every [`PERIOD`] at SCHED_FIFO 1 (a
 /// SCHED_OTHER loop in its own autogroup may get no time at all next to a busy engine).
-pub fn contention(p: &Params, stop: &AtomicBool) -> Result<String> {
+pub fn contention(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
     let cpus = if p.cpus.is_empty() {
         allowed_cpus(p.pid)
     } else {
@@ -32,6 +32,7 @@ pub fn contention(p: &Params, stop: &AtomicBool) -> Result<String> {
             fifo.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         pin(cpus[i]);
+        onset.now();
         while Instant::now() < deadline && !stop.load(std::sync::atomic::Ordering::Relaxed) {
             let t = Instant::now();
             std::hint::black_box(spin_until((t + spin).min(deadline)));
@@ -137,7 +138,7 @@ fn read_khz(p: &Path) -> Result<u64> {
 /// Lowers the CPU speed the engine sees by `intensity`: the cpufreq ceiling of every CPU
 /// where cpufreq exists, else a CPU quota of (1 − intensity) of the engine's CPUs through
 /// its cgroup.
-pub fn frequency(p: &Params, stop: &AtomicBool) -> Result<String> {
+pub fn frequency(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
     let pid = p.pid.expect("checked by Scenario::run");
     let deadline = Instant::now() + p.duration;
     let dirs = cpufreq_dirs();
@@ -164,6 +165,7 @@ pub fn frequency(p: &Params, stop: &AtomicBool) -> Result<String> {
             }
         }
         if result.is_ok() {
+            onset.now();
             hold(deadline, stop);
         }
         for (path, khz) in &saved {
@@ -179,6 +181,7 @@ pub fn frequency(p: &Params, stop: &AtomicBool) -> Result<String> {
     let cpus = allowed_cpus(Some(pid)).len() as f64;
     let quota = (cpus * (1.0 - p.intensity)).max(0.01);
     let guard = cgroup::CpuQuota::apply(pid, quota)?;
+    onset.now();
     let mechanism = format!(
         "no cpufreq on this host: CPU quota of {quota:.2} CPUs (of {cpus}) on the engine's process tree through {}",
         guard.describe()

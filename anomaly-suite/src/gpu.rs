@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::Params;
+use crate::{Onset, Params};
 
 /// Exit code of the workload when torch sees no CUDA device.
 const NO_GPU: i32 = 3;
@@ -89,7 +89,7 @@ fn workload(p: &Params, stop: &AtomicBool, body: &str) -> Result<()> {
 }
 
 /// A bf16 GEMM loop on device 0 competing with the engine's kernels.
-pub fn gemm_contention(p: &Params, stop: &AtomicBool) -> Result<String> {
+pub fn gemm_contention(p: &Params, stop: &AtomicBool, _: &Onset) -> Result<String> {
     workload(
         p,
         stop,
@@ -102,7 +102,7 @@ pub fn gemm_contention(p: &Params, stop: &AtomicBool) -> Result<String> {
 }
 
 /// Host→device and device→host copies of a pinned 256 MiB buffer.
-pub fn pcie_saturation(p: &Params, stop: &AtomicBool) -> Result<String> {
+pub fn pcie_saturation(p: &Params, stop: &AtomicBool, _: &Onset) -> Result<String> {
     workload(
         p,
         stop,
@@ -115,7 +115,7 @@ pub fn pcie_saturation(p: &Params, stop: &AtomicBool) -> Result<String> {
 }
 
 /// Copies between devices 0 and 1.
-pub fn p2p_saturation(p: &Params, stop: &AtomicBool) -> Result<String> {
+pub fn p2p_saturation(p: &Params, stop: &AtomicBool, _: &Onset) -> Result<String> {
     workload(
         p,
         stop,
@@ -129,7 +129,7 @@ pub fn p2p_saturation(p: &Params, stop: &AtomicBool) -> Result<String> {
 
 /// Locks the graphics clock of device 0 low (nvidia-smi), and resets it after. Refused
 /// unless `allow_device_settings`: lent GPU machines must never have their clocks changed.
-pub fn clock_lock(p: &Params, stop: &AtomicBool) -> Result<String> {
+pub fn clock_lock(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
     if !p.allow_device_settings {
         bail!("clock-lock changes the GPU's clock settings: it runs only with --allow-device-settings, and never on a lent or shared machine");
     }
@@ -163,6 +163,7 @@ pub fn clock_lock(p: &Params, stop: &AtomicBool) -> Result<String> {
     };
     let target = hi - ((hi - lo) as f64 * p.intensity) as u32;
     smi(&["-i", "0", "-lgc", &format!("{target},{target}")])?;
+    onset.now();
     crate::hold(Instant::now() + p.duration, stop);
     smi(&["-i", "0", "-rgc"])?;
     Ok(format!(

@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::{reclaim::Reclaim, threads, Params};
+use crate::{reclaim::Reclaim, threads, Onset, Params};
 
 /// Largest write between fsyncs.
 const MAX_CHUNK: usize = 4 << 20;
@@ -32,7 +32,7 @@ impl Drop for Scratch {
 /// 1 + 3·intensity writers, each writing `intensity` × 4 MiB and fsyncing, in a loop, into
 /// a scratch file in the engine's working directory (its filesystem), removed after; and the
 /// engine's file-backed pages paged out `intensity` × 10 times a second ([`Reclaim`]).
-pub fn contention(p: &Params, stop: &AtomicBool) -> Result<String> {
+pub fn contention(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
     let pid = p.pid.expect("checked by Scenario::run");
     let cwd = std::fs::read_link(format!("/proc/{pid}/cwd"))
         .with_context(|| format!("reading the working directory of pid {pid}"))?;
@@ -60,6 +60,7 @@ pub fn contention(p: &Params, stop: &AtomicBool) -> Result<String> {
     let reclaim = Reclaim::open(pid);
     let reclaim_every = Duration::from_secs_f64(0.1 / p.intensity.max(0.01));
     let (mut paged_out, mut passes, mut reclaim_error) = (0u64, 0u64, None);
+    onset.now();
     std::thread::scope(|scope| {
         scope.spawn(|| write_and_sync(&files, chunk, deadline, stop, &syncs, &failed));
         while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {

@@ -14,13 +14,13 @@ use anyhow::{bail, Result};
 use serde::Serialize;
 
 pub mod cgroup;
-pub mod cpu;
-pub mod gpu;
-pub mod io;
-pub mod memory;
-pub mod network;
-pub mod pause;
-pub mod python;
+mod cpu;
+mod gpu;
+mod io;
+mod memory;
+mod network;
+mod pause;
+mod python;
 pub mod reclaim;
 pub mod score;
 
@@ -54,10 +54,14 @@ pub struct Report {
     pub scenario: String,
     /// The mechanism used and its settings, in words.
     pub mechanism: String,
-    /// How long the stress was held.
+    /// How long the stress was held, from its onset.
     pub held_ms: f64,
-    /// When the scenario started and ended (µs since the Unix epoch): the injection interval
-    /// an evaluation labels, without the process start and exit around it.
+    /// How long the scenario took to set up before its stress took hold (waiting for the
+    /// engine's safe point, creating a cgroup, ...).
+    pub setup_ms: f64,
+    /// When the stress took hold and when it was undone (µs since the Unix epoch): the
+    /// injection interval an evaluation labels, without the process start and exit and the
+    /// setup before the onset, in which nothing acts on the engine yet.
     pub started_unix_us: f64,
     /// See `started_unix_us`.
     pub ended_unix_us: f64,
@@ -67,6 +71,21 @@ fn unix_us() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+}
+
+/// The moment a scenario's stress takes hold. A scenario marks it when it first acts on the
+/// engine or the resources it shares (a loop spins, a pause stops it, code injected into it
+/// runs); what comes before (finding processes, waiting for the engine's safe point, making a
+/// cgroup) acts on nothing. The first mark counts; a scenario that never marks (the GPU ones,
+/// whose PyTorch child says nothing when it starts) is taken to act from its call.
+#[derive(Default)]
+pub(crate) struct Onset(std::sync::OnceLock<(Instant, f64)>);
+
+impl Onset {
+    /// Marks the stress as in force from now, unless it already was.
+    pub(crate) fn now(&self) {
+        let _ = self.0.get_or_init(|| (Instant::now(), unix_us()));
+    }
 }
 
 /// One scenario of the suite.
@@ -81,7 +100,7 @@ pub struct Scenario {
     pub cause: Option<&'static str>,
     /// Whether it needs `--pid`.
     pub needs_pid: bool,
-    run: fn(&Params, &AtomicBool) -> Result<String>,
+    run: fn(&Params, &AtomicBool, &Onset) -> Result<String>,
 }
 
 /// Root-cause category of CPU contention (as deep-dive reports name it).
@@ -230,13 +249,15 @@ impl Scenario {
                 bail!("no process with pid {pid}: check the engine's pid");
             }
         }
-        let t = Instant::now();
-        let started_unix_us = unix_us();
-        let mechanism = (self.run)(params, stop)?;
+        let called = (Instant::now(), unix_us());
+        let onset = Onset::default();
+        let mechanism = (self.run)(params, stop, &onset)?;
+        let (t, started_unix_us) = *onset.0.get().unwrap_or(&called);
         Ok(Report {
             scenario: self.name.to_string(),
             mechanism,
             held_ms: t.elapsed().as_secs_f64() * 1e3,
+            setup_ms: t.duration_since(called.0).as_secs_f64() * 1e3,
             started_unix_us,
             ended_unix_us: unix_us(),
         })

@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{bail, Result};
 
-use crate::{hold, reclaim::Reclaim, threads, Params};
+use crate::{hold, reclaim::Reclaim, threads, Onset, Params};
 
 /// Largest share of MemAvailable the pressure scenario takes (the engine must never be
 /// pushed into the OOM killer).
@@ -114,7 +114,7 @@ impl Drop for MemoryHigh {
 /// kernel zeroes every page) does not also contend for the engine's CPUs; at the deadline it
 /// goes back to nice 0 to finish its last chunk at once (starved, it held the end up by
 /// seconds).
-pub fn pressure(p: &Params, stop: &AtomicBool) -> Result<String> {
+pub fn pressure(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
     let pid = p.pid.expect("checked by Scenario::run");
     let deadline = Instant::now() + p.duration;
     let available = meminfo_kib("MemAvailable:").unwrap_or(0) << 10;
@@ -123,6 +123,7 @@ pub fn pressure(p: &Params, stop: &AtomicBool) -> Result<String> {
         bail!("cannot read MemAvailable from /proc/meminfo");
     }
     let map = Mapping::new(len)?;
+    onset.now();
     let high = MemoryHigh::lower(pid, p.intensity);
     let reclaim = high.is_none().then(|| Reclaim::open(pid));
     let reclaim_every = Duration::from_secs_f64(0.1 / p.intensity.max(0.01));
@@ -266,7 +267,7 @@ impl XorShift {
 
 /// On every CPU, for `intensity` of every 60 ms: allocate buffers of random sizes (16 B to
 /// 1 MiB), touch them and free random ones, so the allocator and the page allocator churn.
-pub fn fragmentation(p: &Params, stop: &AtomicBool) -> Result<String> {
+pub fn fragmentation(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
     let n = std::thread::available_parallelism().map_or(1, |n| n.get());
     let deadline = Instant::now() + p.duration;
     let period = Duration::from_millis(60);
@@ -276,6 +277,7 @@ pub fn fragmentation(p: &Params, stop: &AtomicBool) -> Result<String> {
         let mut rng = XorShift(0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1));
         let mut slots: Vec<Vec<u8>> = (0..4096).map(|_| Vec::new()).collect();
         let mut done = 0u64;
+        onset.now();
         while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
             let t = Instant::now();
             while t.elapsed() < busy {

@@ -4,7 +4,7 @@ use std::{process::Command, sync::atomic::AtomicBool, time::Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::{hold, Params};
+use crate::{hold, Onset, Params};
 
 /// Largest delay (at intensity 1).
 const MAX_DELAY_MS: f64 = 50.0;
@@ -37,7 +37,7 @@ impl Drop for LoopbackQdisc {
 
 /// A prio qdisc on `lo` whose third band is netem; u32 filters send only packets from or to
 /// the API port there. Refuses to run if `lo` already has a root qdisc of someone else's.
-pub fn delay(p: &Params, stop: &AtomicBool) -> Result<String> {
+pub fn delay(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
     let port = p
         .port
         .context("network-delay needs the engine's API port: give it with --port")?
@@ -72,6 +72,7 @@ pub fn delay(p: &Params, stop: &AtomicBool) -> Result<String> {
             "match", "ip", dir, &port, "0xffff", "flowid", "1:3",
         ])?;
     }
+    onset.now();
     hold(deadline, stop);
     drop(guard);
     Ok(format!(

@@ -7,7 +7,7 @@ use std::{
 
 use anyhow::Result;
 
-use crate::{hold, process_tree, realtime, Params};
+use crate::{hold, process_tree, realtime, Onset, Params};
 
 /// One pause cycle.
 const PERIOD: Duration = Duration::from_millis(200);
@@ -26,7 +26,7 @@ impl Drop for Stopped {
 
 /// Stops the engine's process tree for `intensity` of every 200 ms. The timing thread runs
 /// at SCHED_FIFO 1 so a busy host cannot stretch a pause.
-pub fn pauses(p: &Params, stop: &AtomicBool) -> Result<String> {
+pub fn pauses(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
     let pid = p.pid.expect("checked by Scenario::run");
     let deadline = Instant::now() + p.duration;
     let pause = PERIOD.mul_f64(p.intensity.min(0.9));
@@ -40,6 +40,7 @@ pub fn pauses(p: &Params, stop: &AtomicBool) -> Result<String> {
             // SAFETY: kill(2) on the engine's processes; Stopped continues them.
             unsafe { libc::kill(q as i32, libc::SIGSTOP) };
         }
+        onset.now();
         hold((t + pause).min(deadline), stop);
         drop(stopped);
         count += 1;

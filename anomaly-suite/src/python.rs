@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::{hold, Params};
+use crate::{hold, Onset, Params};
 
 /// How long the engine's main thread may take to reach a safe point.
 const SAFE_POINT: Duration = Duration::from_secs(10);
@@ -37,7 +37,7 @@ fn run(pid: u32, source: &str) -> Result<()> {
 
 /// A thread inside the engine makes cyclic garbage and runs a full collection up to
 /// `intensity` × 100 times a second (each holds the GIL for the whole heap walk).
-pub fn gc_storm(p: &Params, stop: &AtomicBool) -> Result<String> {
+pub fn gc_storm(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
     let pid = p.pid.expect("checked by Scenario::run");
     let rate = MAX_COLLECTIONS * p.intensity;
     let deadline = Instant::now() + p.duration;
@@ -62,6 +62,7 @@ threading.Thread(target=storm, name="stallscope-gc-storm", daemon=True).start()
 "#
         ),
     )?;
+    onset.now();
     if !hold(deadline, stop) {
         let _ = run(
             pid,
@@ -76,7 +77,7 @@ threading.Thread(target=storm, name="stallscope-gc-storm", daemon=True).start()
 /// Wraps `--function` (default [`DEFAULT_FUNCTION`]) so every call first sleeps `intensity`
 /// × two engine steps (× 20 ms when the step is not given); a timer thread in the engine puts
 /// the original back at the deadline.
-pub fn sync_stall(p: &Params, stop: &AtomicBool) -> Result<String> {
+pub fn sync_stall(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
     let pid = p.pid.expect("checked by Scenario::run");
     let function = p.function.as_deref().unwrap_or(DEFAULT_FUNCTION);
     let (module, qualname) = function
@@ -120,6 +121,7 @@ threading.Timer(max(0.0, {end} - time.monotonic()), restore).start()
 "#
         ),
     )?;
+    onset.now();
     if !hold(deadline, stop) {
         let _ = run(
             pid,

@@ -79,10 +79,11 @@ pub fn run(args: &InjectArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "{}: {} ({:.2} s{})",
+            "{}: {} ({:.2} s, after {:.0} ms of setup{})",
             report.scenario,
             report.mechanism,
             report.held_ms / 1e3,
+            report.setup_ms,
             if stop_flag::requested() {
                 ", stopped early by a signal"
             } else {

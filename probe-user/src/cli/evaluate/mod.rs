@@ -24,6 +24,7 @@ use crate::config::DEFAULT_CONFIG;
 mod heatmap;
 mod load;
 mod report;
+mod rescore;
 mod slowdown;
 mod steady;
 
@@ -33,7 +34,7 @@ const DEFAULT_SCENARIOS: &str = "cpu-contention,cpu-frequency,memory-pressure,me
 pub const DEEP_DIVE_WINDOW: f64 = 2.0;
 
 /// Options of `stallscope evaluate`.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct EvaluateArgs {
     /// Scenarios to run, comma-separated (see `stallscope inject --list`).
     #[arg(long, default_value = DEFAULT_SCENARIOS)]
@@ -91,6 +92,11 @@ pub struct EvaluateArgs {
     /// "log").
     #[arg(long)]
     pub engine_log: Option<PathBuf>,
+    /// Inject nothing: score an earlier run again from its --out directory (its trials.csv,
+    /// scores.json and state/), rewriting its tables, e.g. after a change to the scoring or
+    /// with another --grace-steps. The run's own seed, trials and ranges are used.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["vllm", "pid", "url", "steady", "out"])]
+    pub rescore: Option<PathBuf>,
 }
 
 /// `FROM..TO` intensities, 0 < FROM <= TO <= 1.
@@ -156,6 +162,8 @@ struct TrialRecord {
     inject_from_us: f64,
     inject_to_us: f64,
     to_us: f64,
+    /// The injector's setup before its stress took hold (not in the labelled interval), ms.
+    setup_ms: Option<f64>,
     mechanism: String,
     root_cause: Option<String>,
     /// The engine's slowdown by its own log (see [`slowdown`]).
@@ -204,6 +212,12 @@ pub fn run(args: &EvaluateArgs) -> Result<()> {
         .split(',')
         .map(|s| anomaly_suite::scenario(s.trim()))
         .collect::<Result<_>>()?;
+    if args.grace_steps.is_nan() || args.grace_steps < 0.0 {
+        bail!("--grace-steps must be 0 or more decode steps");
+    }
+    if let Some(dir) = &args.rescore {
+        return rescore::run(args, dir);
+    }
     if args.trials == 0 {
         bail!("--trials must be at least 1");
     }
@@ -211,9 +225,6 @@ pub fn run(args: &EvaluateArgs) -> Result<()> {
     std::fs::create_dir_all(&state)
         .with_context(|| format!("cannot create {}", state.display()))?;
     let (engine_pid, api_port, log) = engine(args)?;
-    if args.grace_steps.is_nan() || args.grace_steps < 0.0 {
-        bail!("--grace-steps must be 0 or more decode steps");
-    }
     if let Some(duration) = args.steady {
         let log = log.context(
             "--steady judges alerts by the engine's own log: give it with --engine-log (vLLM started with --enable-logging-iteration-details)",
@@ -391,6 +402,7 @@ fn evaluate(
                 inject_from_us,
                 inject_to_us,
                 to_us,
+                setup_ms: report["setup_ms"].as_f64(),
                 mechanism: report["mechanism"].as_str().unwrap_or_default().to_string(),
                 root_cause: root_cause.flatten(),
                 slowdown: None,

@@ -331,13 +331,14 @@ pub fn write_outputs(
     let calibration = calibration(scenarios, records, args.intensity);
     // trials.csv
     let mut csv = String::from(
-        "scenario,trial,intensity,from_us,inject_from_us,inject_to_us,to_us,slowdown_step,slowdown_elapsed,root_cause,mechanism\n",
+        "scenario,trial,intensity,from_us,inject_from_us,inject_to_us,to_us,slowdown_step,slowdown_elapsed,root_cause,setup_ms,mechanism\n",
     );
-    let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
+    // Full precision (the shortest form that reads back the same): `--rescore` reads it.
+    let opt = |v: Option<f64>| v.map_or(String::new(), |v| v.to_string());
     for r in records {
         let _ = writeln!(
             csv,
-            "{},{},{:.3},{:.0},{:.0},{:.0},{:.0},{},{},{},\"{}\"",
+            "{},{},{:.3},{:.0},{:.0},{:.0},{:.0},{},{},{},{},\"{}\"",
             r.scenario,
             r.trial,
             r.intensity,
@@ -348,6 +349,7 @@ pub fn write_outputs(
             opt(r.slowdown.map(|s| s.step)),
             opt(r.slowdown.and_then(|s| s.elapsed)),
             r.root_cause.as_deref().unwrap_or(""),
+            opt(r.setup_ms),
             r.mechanism.replace('"', "'")
         );
     }
@@ -567,11 +569,26 @@ fn markdown(
             );
         }
     }
-    let _ = writeln!(s, "\n## Mechanisms (first trial of each scenario)\n");
+    let _ = writeln!(
+        s,
+        "\n## Mechanisms (first trial of each scenario)\n\nEach injection is labelled from the moment its stress took hold; the setup before it (waiting for the engine's safe point, making a cgroup) is in neither class.\n"
+    );
     let mut seen = std::collections::BTreeSet::new();
     for r in records {
         if seen.insert(&r.scenario) {
-            let _ = writeln!(s, "- {}: {}", r.scenario, r.mechanism);
+            let mut setup: Vec<f64> = records
+                .iter()
+                .filter(|o| o.scenario == r.scenario)
+                .filter_map(|o| o.setup_ms)
+                .collect();
+            setup.sort_by(f64::total_cmp);
+            let setup = match (setup.get(setup.len() / 2), setup.last()) {
+                (Some(median), Some(max)) => {
+                    format!(" (setup: median {median:.0} ms, at most {max:.0} ms)")
+                }
+                _ => String::new(),
+            };
+            let _ = writeln!(s, "- {}: {}{setup}", r.scenario, r.mechanism);
         }
     }
     s
@@ -602,6 +619,7 @@ mod tests {
             inject_from_us: 100_000.0,
             inject_to_us: 200_000.0,
             to_us: 400_000.0,
+            setup_ms: None,
             mechanism: String::new(),
             root_cause: None,
             slowdown: slowdown.map(|step| Slowdown {
