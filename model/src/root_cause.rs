@@ -5,16 +5,18 @@
 //! a syscall, a thread state) inside the cycle, and the mean utilisation μ of every telemetry
 //! series during it. Against the normal cycles' distribution, an event's shift is
 //! Z_β = Δβ / σ_β and the shift of the resource it uses is Z_μ = Δ log1p(μ) / σ_log1p(μ);
-//! the suspect's score is |Δβ| · (|Z_β| + |Z_μ|). An event that takes more of the cycle
-//! than usual, while the resource it waits on is busier than usual, ranks first. Events whose
-//! share grew rank before events whose share shrank.
+//! the suspect's score is |Δβ| · (|Z_β| + max(Z_μ, 0)). An event that takes more of the cycle
+//! than usual, while the resource it waits on is busier than usual, ranks first; a resource
+//! that got quieter explains nothing and adds nothing (with |Z_μ|, an engine thread running a
+//! little longer while CPU pressure fell outranked the worker's blocked time under reclaim).
+//! Events whose share grew rank before events whose share shrank.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What kind of event a suspect is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EventKind {
     /// Time a thread spent in a scheduler state (running, runnable, sleeping, blocked).
@@ -45,13 +47,13 @@ pub struct Cycle {
 }
 
 /// A ranked suspect.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Suspect {
     /// Event name.
     pub name: String,
     /// Event kind.
     pub kind: EventKind,
-    /// |Δβ| · (|Z_β| + |Z_μ|).
+    /// |Δβ| · (|Z_β| + max(Z_μ, 0)).
     pub score: f64,
     /// Mean share in the anomalous window minus mean share in the normal one.
     pub delta_beta: f64,
@@ -61,7 +63,7 @@ pub struct Suspect {
     /// largest in magnitude among the event's series; 0 when it has none).
     pub z_mu: f64,
     /// The telemetry series that gave `z_mu`.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource: Option<String>,
     /// Mean share in the normal cycles.
     pub normal_beta: f64,
@@ -70,7 +72,7 @@ pub struct Suspect {
 }
 
 /// A telemetry series' shift (reported next to the suspects).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SeriesShift {
     /// Series name.
     pub name: String,
@@ -137,7 +139,7 @@ pub fn rank(
             Suspect {
                 name: e.name.clone(),
                 kind: e.kind,
-                score: delta.abs() * (z_beta.abs() + z_mu.abs()),
+                score: 0.0,
                 delta_beta: delta,
                 z_beta,
                 z_mu,
@@ -147,6 +149,18 @@ pub fn rank(
             }
         })
         .collect();
+    order(&mut suspects);
+    let mut shifts: Vec<SeriesShift> = shifts.into_values().collect();
+    shifts.sort_by(|a, b| b.z.abs().total_cmp(&a.z.abs()));
+    (suspects, shifts)
+}
+
+/// Scores `suspects` from their shifts and sorts them, best first: also how suspects saved by
+/// an earlier build are ranked again.
+pub fn order(suspects: &mut [Suspect]) {
+    for s in suspects.iter_mut() {
+        s.score = s.delta_beta.abs() * (s.z_beta.abs() + s.z_mu.max(0.0));
+    }
     // An event that took less of the cycle cannot explain a slower cycle: events that grew
     // rank before those that shrank (a shrinking "running" share mirrors a growing
     // "runnable" one with the same score), each group by score.
@@ -155,9 +169,6 @@ pub fn rank(
             .cmp(&(a.delta_beta > 0.0))
             .then(b.score.total_cmp(&a.score))
     });
-    let mut shifts: Vec<SeriesShift> = shifts.into_values().collect();
-    shifts.sort_by(|a, b| b.z.abs().total_cmp(&a.z.abs()));
-    (suspects, shifts)
 }
 
 /// Mean and population standard deviation.
@@ -233,6 +244,33 @@ mod tests {
         assert_eq!(s[1].name, "running w");
         assert!((s[0].score - s[1].score).abs() < 1e-9);
         assert_eq!(shifts[0].name, "cpu");
+    }
+
+    /// A grown share whose resource got quieter ranks by its own shift alone, after a
+    /// smaller grown share whose resource got busier.
+    #[test]
+    fn a_quieter_resource_adds_nothing_to_the_score() {
+        let normal: Vec<Cycle> = (0..20)
+            .map(|i| {
+                cycle(
+                    0.02 + 0.002 * (i % 3) as f64,
+                    0.5 + 0.05 * (i % 2) as f64,
+                    50.0 + (i % 5) as f64,
+                    5.0 + (i % 3) as f64,
+                )
+            })
+            .collect();
+        // The Python share grows by 0.08 (Z ~3) while the CPU gets much quieter; runnable
+        // time grows by 0.03 (Z ~3.7) while I/O pressure rises.
+        let anomalous: Vec<Cycle> = (0..10).map(|_| cycle(0.052, 0.605, 20.0, 40.0)).collect();
+        let (s, _) = rank(&normal, &anomalous, |e| match e.kind {
+            EventKind::ThreadState => vec!["psi.io".into()],
+            _ => vec!["cpu".into()],
+        });
+        let f = s.iter().find(|s| s.name == "f").unwrap();
+        assert!(f.z_mu < -3.0, "{f:?}");
+        assert!((f.score - f.delta_beta * f.z_beta).abs() < 1e-9, "{f:?}");
+        assert_eq!(s[0].name, "runnable w", "{s:?}");
     }
 
     #[test]

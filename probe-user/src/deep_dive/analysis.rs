@@ -214,8 +214,12 @@ const RECLAIM_SERIES: [&str; 3] = ["vm.pgmajfault", "psi.memory.some", "psi.memo
 /// reading pages back (its file-backed pages, taken by reclaim) or waiting on the disk: it is
 /// memory pressure when memory ran short (`mem.used` up by [`SIGNIFICANT_Z`]; without that
 /// series, when major faults or PSI memory rose), and I/O contention when memory did not
-/// while PSI io rose: then the pages come back slowly because the disk is busy, not because
-/// memory is short.
+/// while the disk was saturated: PSI io rose in both `some` and `full` (at times every task
+/// that could run waited on I/O), or the ranking tied the blocked time to PSI io itself. Then
+/// the pages come back slowly because the disk is busy, not because memory is short. Refaults
+/// served by an idle disk raise `psi.io.some` a little but hardly `full` (measured on vLLM:
+/// under memory pressure `full` rose by Z <= 2.3 where `some` did, under fsync-heavy writers
+/// by Z >= 2.2 with `some` >= 4.1; docs/evaluation/seed6-intel).
 pub fn category(s: &Suspect, telemetry: &[SeriesShift]) -> String {
     let rose = |names: &[&str]| {
         telemetry
@@ -236,7 +240,8 @@ pub fn category(s: &Suspect, telemetry: &[SeriesShift]) -> String {
         Some(r) if s.kind == EventKind::ThreadState && storage(r) => {
             if memory_short() {
                 "memory pressure".into()
-            } else if rose(&["psi.io.some", "psi.io.full"]) || r.starts_with("psi.io") {
+            } else if (rose(&["psi.io.some"]) && rose(&["psi.io.full"])) || r.starts_with("psi.io")
+            {
                 "I/O contention".into()
             } else {
                 "memory pressure".into()
@@ -250,6 +255,16 @@ pub fn category(s: &Suspect, telemetry: &[SeriesShift]) -> String {
             EventKind::ThreadState => format!("thread state {}", s.name),
         },
     }
+}
+
+/// The category a report names: the best suspect's ([`category`]) when its share grew by at
+/// least [`SIGNIFICANT_Z`], None when nothing stands out. `suspects` are ordered by
+/// [`root_cause::order`]; a saved report's are ranked again by this build that way.
+pub fn verdict(suspects: &[Suspect], telemetry: &[SeriesShift]) -> Option<String> {
+    suspects
+        .first()
+        .filter(|s| s.delta_beta > 0.0 && s.z_beta.abs() >= SIGNIFICANT_Z)
+        .map(|s| category(s, telemetry))
 }
 
 /// |Z_β| below which the top suspect is reported as no real change.
@@ -311,9 +326,7 @@ pub fn root_cause(c: &Collected, timeline: &Timeline, reference: &Reference, fro
         resources,
     );
     let ranked_threads = working.into_iter().collect();
-    let significant = suspects
-        .first()
-        .filter(|s| s.delta_beta > 0.0 && s.z_beta.abs() >= SIGNIFICANT_Z);
+    let named = verdict(&suspects, &telemetry);
     let summary = match suspects.first() {
         None => format!(
             "nothing to compare: {} normal and {} deep-dive cycles ({}; record a normal window with --baseline)",
@@ -354,7 +367,7 @@ pub fn root_cause(c: &Collected, timeline: &Timeline, reference: &Reference, fro
             reference: reference.source.clone(),
         },
         normal_cycle_ms: reference.mean_cycle_ms,
-        category: significant.map(|s| category(s, &telemetry)),
+        category: named,
         anomalous_cycle_ms: mean_ms(&anomalous),
         suspects,
         ranked_threads,
@@ -614,15 +627,29 @@ mod tests {
             z,
         };
         let io_only = [shift("psi.io.some", 7.9), shift("vm.pgmajfault", 1.0)];
-        let reclaim = [shift("psi.io.some", 7.9), shift("vm.pgmajfault", 4.5)];
+        let reclaim = [
+            shift("psi.io.some", 7.9),
+            shift("vm.pgmajfault", 4.5),
+            shift("psi.io.full", 6.0),
+        ];
         let blocked = suspect(EventKind::ThreadState);
         assert_eq!(category(&blocked, &io_only), "I/O contention");
         assert_eq!(category(&blocked, &reclaim), "memory pressure");
         // With the memory in use sampled: the same faults over a busy disk are I/O unless
         // memory ran short.
         let (used, short) = (shift("mem.used", 0.3), shift("mem.used", 6.0));
-        let faults_over_busy_disk = [reclaim[0].clone(), reclaim[1].clone(), used];
-        let faults_in_short_memory = [reclaim[0].clone(), reclaim[1].clone(), short];
+        let faults_over_busy_disk = [
+            reclaim[0].clone(),
+            reclaim[1].clone(),
+            reclaim[2].clone(),
+            used.clone(),
+        ];
+        let faults_in_short_memory = [
+            reclaim[0].clone(),
+            reclaim[1].clone(),
+            reclaim[2].clone(),
+            short,
+        ];
         assert_eq!(category(&blocked, &faults_over_busy_disk), "I/O contention");
         assert_eq!(
             category(&blocked, &faults_in_short_memory),
@@ -640,6 +667,26 @@ mod tests {
         assert_eq!(
             category(&by_faults, &faults_in_short_memory),
             "memory pressure"
+        );
+        // Refaults from an idle disk: PSI io `some` rose but not `full`, and memory did not
+        // run short (the pages were taken by reclaim elsewhere): memory pressure.
+        let faults_over_idle_disk = [
+            shift("psi.io.some", 2.3),
+            shift("psi.io.full", 1.8),
+            shift("psi.memory.some", 32.3),
+            used,
+        ];
+        let by_psi_memory = Suspect {
+            resource: Some("psi.memory.some".into()),
+            ..blocked.clone()
+        };
+        assert_eq!(
+            category(&by_psi_memory, &faults_over_idle_disk),
+            "memory pressure"
+        );
+        assert_eq!(
+            category(&by_psi_memory, &faults_over_busy_disk),
+            "I/O contention"
         );
         // A read syscall under disk contention stays I/O.
         assert_eq!(

@@ -165,6 +165,8 @@ struct TrialRecord {
     /// The injector's setup before its stress took hold (not in the labelled interval), ms.
     setup_ms: Option<f64>,
     mechanism: String,
+    /// The daemon's id of the deep dive taken during the injection.
+    deep_dive: Option<u64>,
     root_cause: Option<String>,
     /// The engine's slowdown by its own log (see [`slowdown`]).
     slowdown: Option<slowdown::Slowdown>,
@@ -404,6 +406,7 @@ fn evaluate(
                 to_us,
                 setup_ms: report["setup_ms"].as_f64(),
                 mechanism: report["mechanism"].as_str().unwrap_or_default().to_string(),
+                deep_dive: dive,
                 root_cause: root_cause.flatten(),
                 slowdown: None,
             });

@@ -331,14 +331,14 @@ pub fn write_outputs(
     let calibration = calibration(scenarios, records, args.intensity);
     // trials.csv
     let mut csv = String::from(
-        "scenario,trial,intensity,from_us,inject_from_us,inject_to_us,to_us,slowdown_step,slowdown_elapsed,root_cause,setup_ms,mechanism\n",
+        "scenario,trial,intensity,from_us,inject_from_us,inject_to_us,to_us,slowdown_step,slowdown_elapsed,root_cause,deep_dive,setup_ms,mechanism\n",
     );
     // Full precision (the shortest form that reads back the same): `--rescore` reads it.
     let opt = |v: Option<f64>| v.map_or(String::new(), |v| v.to_string());
     for r in records {
         let _ = writeln!(
             csv,
-            "{},{},{:.3},{:.0},{:.0},{:.0},{:.0},{},{},{},{},\"{}\"",
+            "{},{},{:.3},{:.0},{:.0},{:.0},{:.0},{},{},{},{},{},\"{}\"",
             r.scenario,
             r.trial,
             r.intensity,
@@ -349,6 +349,7 @@ pub fn write_outputs(
             opt(r.slowdown.map(|s| s.step)),
             opt(r.slowdown.and_then(|s| s.elapsed)),
             r.root_cause.as_deref().unwrap_or(""),
+            r.deep_dive.map_or(String::new(), |id| id.to_string()),
             opt(r.setup_ms),
             r.mechanism.replace('"', "'")
         );
@@ -621,6 +622,7 @@ mod tests {
             to_us: 400_000.0,
             setup_ms: None,
             mechanism: String::new(),
+            deep_dive: None,
             root_cause: None,
             slowdown: slowdown.map(|step| Slowdown {
                 step,

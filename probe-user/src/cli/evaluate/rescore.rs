@@ -1,12 +1,17 @@
 //! `stallscope evaluate --rescore DIR`: an earlier run's tables scored again by this build
 //! from what the run wrote (trials.csv, scores.json, state/iterations.csv and
 //! state/evaluate.toml), without injecting anything: after a change to the scoring, with
-//! another `--grace-steps`, or with the trials' intervals edited in trials.csv.
+//! another `--grace-steps`, or with the trials' intervals edited in trials.csv. Each trial's
+//! deep dive, where trials.csv names it and its report is in state/deep-dives/, is ranked
+//! again from the report's suspects and telemetry shifts: its root cause is this build's.
 
 use std::{path::Path, time::Duration};
 
 use anyhow::{bail, Context, Result};
+use model::root_cause::{SeriesShift, Suspect};
 use serde_json::Value;
+
+use crate::deep_dive::analysis::verdict;
 
 use super::{
     report::{read_iterations, write_outputs, Run},
@@ -26,7 +31,18 @@ pub fn run(args: &EvaluateArgs, dir: &Path) -> Result<()> {
     };
     let scores: Value = serde_json::from_str(&read("scores.json")?)
         .context("scores.json is not the JSON an evaluation writes")?;
-    let records = trials(&read("trials.csv")?)?;
+    let mut records = trials(&read("trials.csv")?)?;
+    let dives = dir.join("state/deep-dives");
+    for r in &mut records {
+        if let Some(cause) = r
+            .deep_dive
+            .map(|id| rerank(&dives, id))
+            .transpose()?
+            .flatten()
+        {
+            r.root_cause = Some(cause);
+        }
+    }
     let mut names: Vec<&str> = Vec::new();
     for r in &records {
         if !names.contains(&r.scenario.as_str()) {
@@ -75,6 +91,38 @@ pub fn run(args: &EvaluateArgs, dir: &Path) -> Result<()> {
     write_outputs(dir, &scenarios, &records, &stream, &run, &args)
 }
 
+/// What deep dive `id` names when its saved report (`ID-PID.json` in `dives`) is ranked
+/// again; None when the report is not there.
+fn rerank(dives: &Path, id: u64) -> Result<Option<String>> {
+    #[derive(serde::Deserialize)]
+    struct Saved {
+        suspects: Vec<Suspect>,
+        telemetry: Vec<SeriesShift>,
+    }
+    let prefix = format!("{id}-");
+    let Some(path) = std::fs::read_dir(dives)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".json"))
+        })
+    else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let mut saved: Saved = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a deep dive's report", path.display()))?;
+    model::root_cause::order(&mut saved.suspects);
+    Ok(Some(
+        verdict(&saved.suspects, &saved.telemetry).unwrap_or_else(|| "none".into()),
+    ))
+}
+
 /// The records of trials.csv. Every column but the last (the mechanism, quoted) is free of
 /// commas; setup_ms is absent from runs before it was recorded.
 fn trials(text: &str) -> Result<Vec<TrialRecord>> {
@@ -98,7 +146,7 @@ fn trials(text: &str) -> Result<Vec<TrialRecord>> {
         need("slowdown_elapsed")?,
         need("root_cause")?,
     );
-    let (setup, mechanism) = (at("setup_ms"), need("mechanism")?);
+    let (setup, dive, mechanism) = (at("setup_ms"), at("deep_dive"), need("mechanism")?);
     lines
         .enumerate()
         .map(|(i, line)| {
@@ -123,6 +171,17 @@ fn trials(text: &str) -> Result<Vec<TrialRecord>> {
                 inject_to_us: num(inject_to)?,
                 to_us: num(to)?,
                 setup_ms: setup.map(opt).transpose()?.flatten(),
+                deep_dive: dive
+                    .map(|c| -> Result<Option<u64>> {
+                        let v = field(c)?;
+                        if v.is_empty() {
+                            Ok(None)
+                        } else {
+                            v.parse().map(Some).with_context(bad)
+                        }
+                    })
+                    .transpose()?
+                    .flatten(),
                 mechanism: field(mechanism)?.trim_matches('"').to_string(),
                 root_cause: Some(field(cause)?)
                     .filter(|c| !c.is_empty())
@@ -162,5 +221,41 @@ mod tests {
         assert!(format!("{e:#}").contains("no intensity column"), "{e:#}");
         let e = trials(&with.replace("0.129", "x")).unwrap_err();
         assert!(format!("{e:#}").contains("line 2"), "{e:#}");
+        let dived = with
+            .replace("root_cause,setup_ms", "root_cause,deep_dive,setup_ms")
+            .replace("CPU contention,12.500", "CPU contention,7,12.500")
+            .replace(",,,,,\"9 pauses", ",,,,,,\"9 pauses");
+        let r = trials(&dived).unwrap();
+        assert_eq!((r[0].deep_dive, r[1].deep_dive), (Some(7), None));
+        assert_eq!(r[0].setup_ms, Some(12.5));
+    }
+
+    /// A report saved by a build that ranked by |Z_mu|: the engine thread running longer
+    /// while CPU pressure fell came first; ranked again, the worker's blocked time under
+    /// reclaim does, and the disk was not saturated (PSI io `full` did not rise).
+    #[test]
+    fn a_saved_deep_dive_is_ranked_again() {
+        let dir = std::env::temp_dir().join(format!("stallscope-rerank-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let suspect = |name: &str, delta: f64, z_beta: f64, z_mu: f64, resource: &str| {
+            serde_json::json!({"name": name, "kind": "thread_state", "score": delta * (z_beta + z_mu.abs()),
+                "delta_beta": delta, "z_beta": z_beta, "z_mu": z_mu, "resource": resource,
+                "normal_beta": 0.0, "anomalous_beta": delta})
+        };
+        let shift = |name: &str, z: f64| serde_json::json!({"name": name, "normal_mean": 0.0, "anomalous_mean": 1.0, "z": z});
+        let report = serde_json::json!({
+            "category": null,
+            "suspects": [
+                suspect("running VLLM::EngineCore", 0.130, 1.4, -3.5, "psi.cpu.some"),
+                suspect("blocked (D) VLLM::Worker", 0.027, 2.7, 5.6, "psi.memory.some"),
+            ],
+            "telemetry": [shift("psi.memory.some", 5.6), shift("psi.io.full", 2.3), shift("psi.io.some", 0.3), shift("mem.used", -0.1)],
+        });
+        std::fs::write(dir.join("7-123.json"), report.to_string()).unwrap();
+        assert_eq!(rerank(&dir, 7).unwrap().as_deref(), Some("memory pressure"));
+        assert_eq!(rerank(&dir, 8).unwrap(), None);
+        std::fs::write(dir.join("9-123.json"), "{}").unwrap();
+        assert!(rerank(&dir, 9).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
