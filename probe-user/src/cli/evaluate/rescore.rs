@@ -154,14 +154,7 @@ fn trials(text: &str) -> Result<Vec<TrialRecord>> {
             let bad = || format!("trials.csv line {}: {line:?}", i + 2);
             let field = |c: usize| f.get(c).copied().with_context(bad);
             let num = |c: usize| -> Result<f64> { field(c)?.parse().with_context(bad) };
-            let opt = |c: usize| -> Result<Option<f64>> {
-                let v = field(c)?;
-                if v.is_empty() {
-                    Ok(None)
-                } else {
-                    v.parse().map(Some).with_context(bad)
-                }
-            };
+            let opt = |c: usize| optional::<f64>(field(c)?).with_context(bad);
             Ok(TrialRecord {
                 scenario: field(scenario)?.to_string(),
                 trial: field(trial)?.parse().with_context(bad)?,
@@ -172,14 +165,7 @@ fn trials(text: &str) -> Result<Vec<TrialRecord>> {
                 to_us: num(to)?,
                 setup_ms: setup.map(opt).transpose()?.flatten(),
                 deep_dive: dive
-                    .map(|c| -> Result<Option<u64>> {
-                        let v = field(c)?;
-                        if v.is_empty() {
-                            Ok(None)
-                        } else {
-                            v.parse().map(Some).with_context(bad)
-                        }
-                    })
+                    .map(|c| optional::<u64>(field(c)?).with_context(bad))
                     .transpose()?
                     .flatten(),
                 mechanism: field(mechanism)?.trim_matches('"').to_string(),
@@ -193,6 +179,11 @@ fn trials(text: &str) -> Result<Vec<TrialRecord>> {
             })
         })
         .collect()
+}
+
+/// An optional CSV field: None when empty.
+fn optional<T: std::str::FromStr>(v: &str) -> Result<Option<T>, T::Err> {
+    (!v.is_empty()).then(|| v.parse()).transpose()
 }
 
 #[cfg(test)]
