@@ -126,17 +126,11 @@ fn terminate(mut c: Child, after: Duration) -> String {
 
 /// The Unix time minus CLOCK_MONOTONIC (the clock of Python's `time.monotonic()`), seconds.
 fn unix_minus_monotonic_s() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     let unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64();
-    unix - (ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+    unix - sys_util::clock::monotonic_ns() as f64 * 1e-9
 }
 
 /// The fields of `/proc/PID/stat` after the command name: `[0]` is the state, `[7]` minflt,

@@ -162,7 +162,7 @@ struct TrialRecord {
     inject_from_us: f64,
     inject_to_us: f64,
     to_us: f64,
-    /// The injector's setup before its stress took hold (not in the labelled interval), ms.
+    /// The injector's setup before its stress took hold (before the labelled interval), ms.
     setup_ms: Option<f64>,
     mechanism: String,
     /// The daemon's id of the deep dive taken during the injection.

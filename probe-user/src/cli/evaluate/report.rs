@@ -572,23 +572,20 @@ fn markdown(
     }
     let _ = writeln!(
         s,
-        "\n## Mechanisms (first trial of each scenario)\n\nEach injection is labelled from the moment its stress took hold; the setup before it (waiting for the engine's safe point, making a cgroup) is in neither class.\n"
+        "\n## Mechanisms (first trial of each scenario)\n\nEach injection is labelled from the moment its stress took hold; the setup before it (waiting for the engine's safe point, making a cgroup) acts on nothing yet and is scored as normal, as the lead before it.\n"
     );
     let mut seen = std::collections::BTreeSet::new();
     for r in records {
         if seen.insert(&r.scenario) {
-            let mut setup: Vec<f64> = records
+            let setup: Vec<f64> = records
                 .iter()
                 .filter(|o| o.scenario == r.scenario)
                 .filter_map(|o| o.setup_ms)
                 .collect();
-            setup.sort_by(f64::total_cmp);
-            let setup = match (setup.get(setup.len() / 2), setup.last()) {
-                (Some(median), Some(max)) => {
-                    format!(" (setup: median {median:.0} ms, at most {max:.0} ms)")
-                }
-                _ => String::new(),
-            };
+            let max = setup.iter().copied().fold(f64::NAN, f64::max);
+            let setup = median(setup).map_or(String::new(), |m| {
+                format!(" (setup: median {m:.0} ms, at most {max:.0} ms)")
+            });
             let _ = writeln!(s, "- {}: {}{setup}", r.scenario, r.mechanism);
         }
     }
