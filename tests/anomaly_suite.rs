@@ -271,7 +271,14 @@ fn cpu_frequency_throttles_the_engine_and_restores_its_cgroup() {
     let pid = v.pid();
     let before = cpu_cgroup(pid);
     let free = cpu_rate(pid, Duration::from_secs(1));
-    let c = inject("cpu-frequency", Some(pid), Some("0.95"), "3s", &[]);
+    // A 20 ms engine step.
+    let c = inject(
+        "cpu-frequency",
+        Some(pid),
+        Some("0.95"),
+        "3s",
+        &["--engine-step", "20ms"],
+    );
     std::thread::sleep(Duration::from_millis(500));
     let during_cg = cpu_cgroup(pid);
     let throttled = cpu_rate(pid, Duration::from_secs(1));
@@ -279,6 +286,19 @@ fn cpu_frequency_throttles_the_engine_and_restores_its_cgroup() {
     assert!(
         during_cg.contains(&format!("stallscope-inject-{pid}")),
         "{during_cg}; {report}"
+    );
+    // A quarter of the step, 5 ms, lengthened where 5 % of the CPUs' time in it would be
+    // under the kernel's smallest quota, 1 ms (two CPUs: 0.1 CPUs, so 10 ms).
+    let cpus: f64 = report
+        .split("(of ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no CPU count in {report}"));
+    let period_ms = (1.0 / (0.05 * cpus)).max(5.0);
+    assert!(
+        report.contains(&format!("per {period_ms:.1} ms")),
+        "{report}"
     );
     assert!(
         throttled < 0.6 * free,

@@ -593,6 +593,9 @@ fn the_cpu_quota_injector_throttles_a_pod_engine_in_its_own_cgroup() {
         .find_map(|(v1, v2)| [v1, v2].into_iter().find(|f| f.exists()))
         .expect("the container's cgroup has a CPU quota file");
     let quota_before = std::fs::read_to_string(&quota_file).unwrap();
+    // v1 keeps the period apart; v2's cpu.max holds both.
+    let period_file = quota_file.with_file_name("cpu.cfs_period_us");
+    let period_before = std::fs::read_to_string(&period_file).ok();
     let steps_in = |d: Duration| {
         let (from, to) = toy_window(d);
         toy_steps_between(&times, from, to)
@@ -607,9 +610,13 @@ fn the_cpu_quota_injector_throttles_a_pod_engine_in_its_own_cgroup() {
         "0.9",
         "--duration",
         "4s",
+        // A quarter of it, 5 ms, becomes the quota's period (the pod's is 100 ms).
+        "--engine-step",
+        "20ms",
     ]));
     std::thread::sleep(Duration::from_millis(500));
     let quota_during = std::fs::read_to_string(&quota_file).unwrap();
+    let period_during = std::fs::read_to_string(&period_file).ok();
     let cgroup_during = cgroup();
     let throttled = steps_in(Duration::from_secs(2));
     assert!(
@@ -635,6 +642,24 @@ fn the_cpu_quota_injector_throttles_a_pod_engine_in_its_own_cgroup() {
         quota_before,
         "the quota is put back"
     );
+    // 5 ms, lengthened on one CPU only (0.1 CPUs of 5 ms is under the smallest quota, 1 ms).
+    let short = |us: &str| us.trim().parse::<u64>().is_ok_and(|us| us <= 10_000);
+    if let Some(before) = period_before {
+        assert!(
+            period_during.as_deref().is_some_and(short),
+            "{period_during:?}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&period_file).unwrap(),
+            before,
+            "the period is put back"
+        );
+    } else {
+        assert!(
+            quota_during.split_whitespace().nth(1).is_some_and(short),
+            "{quota_during}"
+        );
+    }
     assert_eq!(cgroup(), before);
     drop(pod);
     let _ = std::fs::remove_dir_all(&dir);

@@ -3,16 +3,23 @@
 //! (moving it out would leave its pod's limits and accounting); the quota it had is put back
 //! afterwards. Any other engine's process tree is moved into a temporary cgroup, and back.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use anyhow::{bail, Context, Result};
 
-/// CFS period used for the quota.
-const PERIOD_US: u64 = 100_000;
+/// The CFS bandwidth period's bounds (`cpu.cfs_period_us`, `cpu.max`): 1 ms to 1 s.
+const PERIOD_US: std::ops::RangeInclusive<u64> = 1_000..=1_000_000;
+/// The smallest quota the kernel takes, µs.
+const MIN_QUOTA_US: u64 = 1_000;
 
 /// A quota in force; [`CpuQuota::undo`] (or drop) restores the original cgroups.
 pub struct CpuQuota {
     dir: PathBuf,
+    /// The CFS period set, µs.
+    period_us: u64,
     /// Where each moved task came from: (tid or pid, original cgroup directory).
     moved: Vec<(u32, PathBuf)>,
     /// In a container's own cgroup: each quota file and the value it had.
@@ -53,9 +60,10 @@ fn tasks(dir: &Path, v2: bool) -> PathBuf {
 }
 
 impl CpuQuota {
-    fn new(dir: PathBuf, v2: bool) -> CpuQuota {
+    fn new(dir: PathBuf, period_us: u64, v2: bool) -> CpuQuota {
         CpuQuota {
             dir,
+            period_us,
             moved: Vec::new(),
             saved: Vec::new(),
             v2,
@@ -64,14 +72,22 @@ impl CpuQuota {
     }
 
     /// Moves `pid` and its descendants (every thread on v1, every process on v2) into a new
-    /// cgroup limited to `cpus` CPUs' worth of time.
-    pub fn apply(pid: u32, cpus: f64) -> Result<CpuQuota> {
+    /// cgroup limited to `cpus` CPUs' worth of time in every `period`. The period is held to
+    /// 1 ms..1 s, and lengthened where `cpus` of it would be under the kernel's smallest
+    /// quota (1 ms), so the share holds ([`CpuQuota::period`] is the one set).
+    pub fn apply(pid: u32, cpus: f64, period: Duration) -> Result<CpuQuota> {
         let (root, v2) = hierarchy()?;
-        let quota = ((cpus * PERIOD_US as f64) as u64).max(1000);
+        // Rounded, not raised: 1 ms over 0.1 CPUs is 10,000.000000000002 µs in floating point
+        // (the quota is held to 1 ms below).
+        let period = ((period.as_micros() as f64)
+            .max(MIN_QUOTA_US as f64 / cpus)
+            .round() as u64)
+            .clamp(*PERIOD_US.start(), *PERIOD_US.end());
+        let quota = ((cpus * period as f64) as u64).max(MIN_QUOTA_US);
         if let Some(own) =
             cgroup_of(pid, pid, v2).filter(|c| pod_identity::cgroup::from_path(c).is_some())
         {
-            return Self::in_place(root.join(own.trim_start_matches('/')), quota, v2);
+            return Self::in_place(root.join(own.trim_start_matches('/')), quota, period, v2);
         }
         let dir = root.join(format!("stallscope-inject-{pid}"));
         if dir.exists() {
@@ -85,11 +101,11 @@ impl CpuQuota {
         }
         std::fs::create_dir(&dir)
             .with_context(|| format!("cannot create {} (needs root)", dir.display()))?;
-        let mut q = CpuQuota::new(dir, v2);
+        let mut q = CpuQuota::new(dir, period, v2);
         let set = if v2 {
-            std::fs::write(q.dir.join("cpu.max"), format!("{quota} {PERIOD_US}"))
+            std::fs::write(q.dir.join("cpu.max"), format!("{quota} {period}"))
         } else {
-            std::fs::write(q.dir.join("cpu.cfs_period_us"), PERIOD_US.to_string())
+            std::fs::write(q.dir.join("cpu.cfs_period_us"), period.to_string())
                 .and_then(|()| std::fs::write(q.dir.join("cpu.cfs_quota_us"), quota.to_string()))
         };
         set.with_context(|| format!("setting the CPU quota in {}", q.dir.display()))?;
@@ -124,16 +140,21 @@ impl CpuQuota {
     }
 
     /// Sets the quota on a container's own cgroup `dir`, keeping the values it replaces.
-    fn in_place(dir: PathBuf, quota: u64, v2: bool) -> Result<CpuQuota> {
+    ///
+    /// On v1 the quota is written before the period, and restored after it: the limit only
+    /// falls in between (the new quota over the old period, the old period over the new
+    /// quota), and a child's limit may not exceed its parent's (the pod's), which a limit
+    /// that rose on the way could.
+    fn in_place(dir: PathBuf, quota: u64, period: u64, v2: bool) -> Result<CpuQuota> {
         let files: Vec<(&str, String)> = if v2 {
-            vec![("cpu.max", format!("{quota} {PERIOD_US}"))]
+            vec![("cpu.max", format!("{quota} {period}"))]
         } else {
             vec![
-                ("cpu.cfs_period_us", PERIOD_US.to_string()),
                 ("cpu.cfs_quota_us", quota.to_string()),
+                ("cpu.cfs_period_us", period.to_string()),
             ]
         };
-        let mut q = CpuQuota::new(dir, v2);
+        let mut q = CpuQuota::new(dir, period, v2);
         for (name, value) in files {
             let file = q.dir.join(name);
             let old = std::fs::read_to_string(&file)
@@ -143,6 +164,11 @@ impl CpuQuota {
             q.saved.push((file, old.trim().to_string()));
         }
         Ok(q)
+    }
+
+    /// The CFS period the quota is enforced over.
+    pub fn period(&self) -> Duration {
+        Duration::from_micros(self.period_us)
     }
 
     /// Where the quota is, for reports.
@@ -170,7 +196,7 @@ impl CpuQuota {
         }
         self.done = true;
         if !self.saved.is_empty() {
-            // The quota first, then the period (v1 refuses a period below the quota's).
+            // In the reverse order of `in_place`'s writes: the period first, then the quota.
             let mut failed = Vec::new();
             for (file, old) in self.saved.iter().rev() {
                 if std::fs::write(file, old).is_err() {

@@ -9,20 +9,25 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::{allowed_cpus, cgroup, hold, pin, realtime, threads, Onset, Params};
+use crate::{allowed_cpus, cgroup, duty_period, hold, pin, realtime, threads, Onset, Params};
 
-/// The duty-cycle period of the contention loops.
+/// The contention loops' duty-cycle period without the engine's step ([`duty_period`]).
 const PERIOD: Duration = Duration::from_millis(60);
 
-/// Loops pinned to each CPU, spinning `intensity` of every [`PERIOD`] at SCHED_FIFO 1 (a
-/// SCHED_OTHER loop in its own autogroup may get no time at all next to a busy engine).
+/// The CFS period of the quota without the engine's step ([`duty_period`]): Kubernetes'.
+const QUOTA_PERIOD: Duration = Duration::from_millis(100);
+
+/// Loops pinned to each CPU, spinning `intensity` of every period ([`duty_period`]) at
+/// SCHED_FIFO 1 (a SCHED_OTHER loop in its own autogroup may get no time at all next to a
+/// busy engine).
 pub fn contention(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
     let cpus = if p.cpus.is_empty() {
         allowed_cpus(p.pid)
     } else {
         p.cpus.clone()
     };
-    let spin = PERIOD.mul_f64(p.intensity);
+    let period = duty_period(p, PERIOD);
+    let spin = period.mul_f64(p.intensity);
     let deadline = Instant::now() + p.duration;
     let fifo = std::sync::atomic::AtomicUsize::new(0);
     threads(cpus.len(), deadline, stop, |i, deadline, stop| {
@@ -36,16 +41,16 @@ pub fn contention(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String
         while Instant::now() < deadline && !stop.load(std::sync::atomic::Ordering::Relaxed) {
             let t = Instant::now();
             std::hint::black_box(spin_until((t + spin).min(deadline)));
-            hold((t + PERIOD).min(deadline), stop);
+            hold((t + period).min(deadline), stop);
         }
     });
     Ok(format!(
-        "{} loops ({}) on CPUs {cpus:?}, {} at SCHED_FIFO 1, spinning {:.0} ms of every {} ms",
+        "{} loops ({}) on CPUs {cpus:?}, {} at SCHED_FIFO 1, spinning {:.1} ms of every {:.1} ms",
         cpus.len(),
         vector_kind(),
         fifo.into_inner(),
         spin.as_secs_f64() * 1e3,
-        PERIOD.as_millis()
+        period.as_secs_f64() * 1e3
     ))
 }
 
@@ -137,7 +142,8 @@ fn read_khz(p: &Path) -> Result<u64> {
 
 /// Lowers the CPU speed the engine sees by `intensity`: the cpufreq ceiling of every CPU
 /// where cpufreq exists, else a CPU quota of (1 − intensity) of the engine's CPUs through
-/// its cgroup.
+/// its cgroup, over a CFS period of [`duty_period`] (a slower CPU slows every step alike;
+/// a quota of 100 ms periods would stop a 30 ms engine for whole steps).
 pub fn frequency(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
     let pid = p.pid.expect("checked by Scenario::run");
     let deadline = Instant::now() + p.duration;
@@ -180,10 +186,11 @@ pub fn frequency(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String>
     }
     let cpus = allowed_cpus(Some(pid)).len() as f64;
     let quota = (cpus * (1.0 - p.intensity)).max(0.01);
-    let guard = cgroup::CpuQuota::apply(pid, quota)?;
+    let guard = cgroup::CpuQuota::apply(pid, quota, duty_period(p, QUOTA_PERIOD))?;
     onset.now();
     let mechanism = format!(
-        "no cpufreq on this host: CPU quota of {quota:.2} CPUs (of {cpus}) on the engine's process tree through {}",
+        "no cpufreq on this host: CPU quota of {quota:.2} CPUs (of {cpus}) per {:.1} ms on the engine's process tree through {}",
+        guard.period().as_secs_f64() * 1e3,
         guard.describe()
     );
     hold(deadline, stop);

@@ -115,7 +115,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "cpu-contention",
         stresses: "CPU time: AVX-512 (else AVX2) FMA/sqrt loops pinned to the engine's CPUs, at SCHED_FIFO priority 1",
-        intensity: "fraction of every 60 ms each loop spins",
+        intensity: "fraction of each period each loop spins (a quarter of an engine step with --engine-step, at most 60 ms)",
         cause: Some(CPU),
         needs_pid: false,
         run: cpu::contention,
@@ -123,7 +123,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "cpu-frequency",
         stresses: "CPU speed: lowers the cpufreq ceiling, or (no cpufreq, as in VMs) throttles the engine with a cgroup CPU quota",
-        intensity: "fraction of the engine's CPU capacity taken away",
+        intensity: "fraction of the engine's CPU capacity taken away (a quota's period: a quarter of an engine step with --engine-step, at most 100 ms)",
         cause: Some(CPU),
         needs_pid: true,
         run: cpu::frequency,
@@ -139,7 +139,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "memory-fragmentation",
         stresses: "the allocator and page allocator: many allocate/free cycles of random sizes on every CPU",
-        intensity: "fraction of each CPU spent allocating",
+        intensity: "fraction of each CPU spent allocating (in periods of a quarter of an engine step with --engine-step, at most 60 ms)",
         cause: Some(MEMORY),
         needs_pid: false,
         run: memory::fragmentation,
@@ -179,7 +179,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "process-pause",
         stresses: "the whole engine: short SIGSTOP/SIGCONT pauses (a hang)",
-        intensity: "fraction of every 200 ms the engine is stopped",
+        intensity: "fraction of every 6 engine steps with --engine-step (else of every 200 ms) the engine is stopped",
         cause: None,
         needs_pid: true,
         run: pause::pauses,
@@ -262,6 +262,21 @@ impl Scenario {
             ended_unix_us: unix_us(),
         })
     }
+}
+
+/// The shortest period of a duty-cycled stress: a SCHED_FIFO timer and the CFS bandwidth
+/// timer keep to it on a busy host.
+const MIN_DUTY_PERIOD: Duration = Duration::from_millis(4);
+
+/// The period of a stress that is on for a share of each period (cpu-contention's loops,
+/// memory-fragmentation's churn, the quota of cpu-frequency without cpufreq): a quarter of
+/// the engine's step when it is known, never more than `fallback` (the period without it).
+/// Shorter than a step, every step the stress overlaps loses the same share of its time: with
+/// a period of several steps some steps would lose a whole burst and others nothing, so the
+/// same intensity would slow a fast engine's steps unevenly and a slow engine's evenly.
+pub(crate) fn duty_period(p: &Params, fallback: Duration) -> Duration {
+    p.step
+        .map_or(fallback, |s| (s / 4).clamp(MIN_DUTY_PERIOD, fallback))
 }
 
 /// Sleeps in short steps until `deadline` or until `stop` is set; true if the deadline came.
@@ -376,5 +391,32 @@ mod tests {
         assert!(e.contains("process-pause"), "{e}");
         let names: std::collections::BTreeSet<_> = SCENARIOS.iter().map(|s| s.name).collect();
         assert_eq!(names.len(), SCENARIOS.len());
+    }
+
+    #[test]
+    fn duty_periods_follow_the_engine_step_within_bounds() {
+        let ms = Duration::from_millis;
+        // (engine step, fallback, period)
+        let cases = [
+            (None, ms(60), ms(60)),
+            (Some(ms(32)), ms(60), ms(8)),
+            (Some(ms(150)), ms(60), Duration::from_micros(37_500)),
+            (Some(ms(150)), ms(100), Duration::from_micros(37_500)),
+            (Some(ms(10)), ms(60), MIN_DUTY_PERIOD),
+            (Some(ms(2_000)), ms(60), ms(60)),
+        ];
+        for (step, fallback, want) in cases {
+            let p = Params {
+                duration: ms(1),
+                intensity: 0.5,
+                cpus: Vec::new(),
+                pid: None,
+                port: None,
+                function: None,
+                allow_device_settings: false,
+                step,
+            };
+            assert_eq!(duty_period(&p, fallback), want, "step {step:?}");
+        }
     }
 }

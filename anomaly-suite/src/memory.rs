@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{bail, Result};
 
-use crate::{hold, reclaim::Reclaim, threads, Onset, Params};
+use crate::{duty_period, hold, reclaim::Reclaim, threads, Onset, Params};
 
 /// Largest share of MemAvailable the pressure scenario takes (the engine must never be
 /// pushed into the OOM killer).
@@ -265,12 +265,13 @@ impl XorShift {
     }
 }
 
-/// On every CPU, for `intensity` of every 60 ms: allocate buffers of random sizes (16 B to
-/// 1 MiB), touch them and free random ones, so the allocator and the page allocator churn.
+/// On every CPU, for `intensity` of every period ([`duty_period`], at most 60 ms): allocate
+/// buffers of random sizes (16 B to 1 MiB), touch them and free random ones, so the allocator
+/// and the page allocator churn.
 pub fn fragmentation(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
     let n = std::thread::available_parallelism().map_or(1, |n| n.get());
     let deadline = Instant::now() + p.duration;
-    let period = Duration::from_millis(60);
+    let period = duty_period(p, Duration::from_millis(60));
     let busy = period.mul_f64(p.intensity);
     let cycles = std::sync::atomic::AtomicU64::new(0);
     threads(n, deadline, stop, |i, deadline, stop| {
@@ -293,8 +294,9 @@ pub fn fragmentation(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<Str
         cycles.fetch_add(done, Ordering::Relaxed);
     });
     Ok(format!(
-        "{n} threads, {} allocate/free cycles of 16 B..1 MiB, busy {:.0} ms of every 60 ms",
+        "{n} threads, {} allocate/free cycles of 16 B..1 MiB, busy {:.1} ms of every {:.1} ms",
         cycles.into_inner(),
-        busy.as_secs_f64() * 1e3
+        busy.as_secs_f64() * 1e3,
+        period.as_secs_f64() * 1e3
     ))
 }

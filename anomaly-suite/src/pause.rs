@@ -9,8 +9,12 @@ use anyhow::Result;
 
 use crate::{hold, process_tree, realtime, Onset, Params};
 
-/// One pause cycle.
+/// One pause cycle without the engine's step.
 const PERIOD: Duration = Duration::from_millis(200);
+
+/// One pause cycle in engine steps: a hang of up to 5.4 steps, then the engine runs at least
+/// 0.6 steps (200 ms is 6-7 steps of a 30 ms engine).
+const PERIOD_STEPS: u32 = 6;
 
 /// Continues the stopped processes on drop, whatever happened.
 struct Stopped(Vec<u32>);
@@ -24,12 +28,15 @@ impl Drop for Stopped {
     }
 }
 
-/// Stops the engine's process tree for `intensity` of every 200 ms. The timing thread runs
-/// at SCHED_FIFO 1 so a busy host cannot stretch a pause.
+/// Stops the engine's process tree for `intensity` (at most 0.9) of every [`PERIOD_STEPS`]
+/// engine steps, or of every 200 ms when the step is not given: the same intensity then
+/// stops a fast and a slow engine for the same number of steps. The timing thread runs at
+/// SCHED_FIFO 1 so a busy host cannot stretch a pause.
 pub fn pauses(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
     let pid = p.pid.expect("checked by Scenario::run");
     let deadline = Instant::now() + p.duration;
-    let pause = PERIOD.mul_f64(p.intensity.min(0.9));
+    let period = p.step.map_or(PERIOD, |s| s * PERIOD_STEPS);
+    let pause = period.mul_f64(p.intensity.min(0.9));
     let fifo = realtime();
     let mut count = 0;
     while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
@@ -44,12 +51,12 @@ pub fn pauses(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
         hold((t + pause).min(deadline), stop);
         drop(stopped);
         count += 1;
-        hold((t + PERIOD).min(deadline), stop);
+        hold((t + period).min(deadline), stop);
     }
     Ok(format!(
-        "{count} pauses of {:.0} ms every {} ms of the engine's process tree{}",
+        "{count} pauses of {:.0} ms every {:.0} ms of the engine's process tree{}",
         pause.as_secs_f64() * 1e3,
-        PERIOD.as_millis(),
+        period.as_secs_f64() * 1e3,
         if fifo { " (SCHED_FIFO timer)" } else { "" }
     ))
 }
