@@ -9,7 +9,9 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::{allowed_cpus, cgroup, duty_period, hold, pin, realtime, threads, Onset, Params};
+use crate::{
+    allowed_cpus, cgroup, duty_period, each_period, hold, pin, realtime, threads, Onset, Params,
+};
 
 /// The contention loops' duty-cycle period without the engine's step ([`duty_period`]).
 const PERIOD: Duration = Duration::from_millis(60);
@@ -38,11 +40,9 @@ pub fn contention(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String
         }
         pin(cpus[i]);
         onset.now();
-        while Instant::now() < deadline && !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            let t = Instant::now();
+        each_period(period, deadline, stop, |t| {
             std::hint::black_box(spin_until((t + spin).min(deadline)));
-            hold((t + period).min(deadline), stop);
-        }
+        });
     });
     Ok(format!(
         "{} loops ({}) on CPUs {cpus:?}, {} at SCHED_FIFO 1, spinning {:.1} ms of every {:.1} ms",

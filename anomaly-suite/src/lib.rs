@@ -279,6 +279,22 @@ pub(crate) fn duty_period(p: &Params, fallback: Duration) -> Duration {
         .map_or(fallback, |s| (s / 4).clamp(MIN_DUTY_PERIOD, fallback))
 }
 
+/// Calls `burst(start)` at the start of every `period` until `deadline` or until `stop` is
+/// set, and waits out the rest of each period: a duty-cycled stress's loop, whose burst keeps
+/// to its share of the period (and to `deadline`) itself.
+pub(crate) fn each_period(
+    period: Duration,
+    deadline: Instant,
+    stop: &AtomicBool,
+    mut burst: impl FnMut(Instant),
+) {
+    while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+        let t = Instant::now();
+        burst(t);
+        hold((t + period).min(deadline), stop);
+    }
+}
+
 /// Sleeps in short steps until `deadline` or until `stop` is set; true if the deadline came.
 pub(crate) fn hold(deadline: Instant, stop: &AtomicBool) -> bool {
     while Instant::now() < deadline {

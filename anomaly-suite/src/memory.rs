@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::{bail, Result};
 
-use crate::{duty_period, hold, reclaim::Reclaim, threads, Onset, Params};
+use crate::{duty_period, each_period, reclaim::Reclaim, threads, Onset, Params};
 
 /// Largest share of MemAvailable the pressure scenario takes (the engine must never be
 /// pushed into the OOM killer).
@@ -253,6 +253,9 @@ fn take_memory(
     }
 }
 
+/// memory-fragmentation's duty-cycle period without the engine's step ([`duty_period`]).
+const CHURN_PERIOD: Duration = Duration::from_millis(60);
+
 /// A small xorshift generator: the stress only needs varied sizes, not good randomness.
 struct XorShift(u64);
 
@@ -271,7 +274,7 @@ impl XorShift {
 pub fn fragmentation(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
     let n = std::thread::available_parallelism().map_or(1, |n| n.get());
     let deadline = Instant::now() + p.duration;
-    let period = duty_period(p, Duration::from_millis(60));
+    let period = duty_period(p, CHURN_PERIOD);
     let busy = period.mul_f64(p.intensity);
     let cycles = std::sync::atomic::AtomicU64::new(0);
     threads(n, deadline, stop, |i, deadline, stop| {
@@ -279,8 +282,7 @@ pub fn fragmentation(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<Str
         let mut slots: Vec<Vec<u8>> = (0..4096).map(|_| Vec::new()).collect();
         let mut done = 0u64;
         onset.now();
-        while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-            let t = Instant::now();
+        each_period(period, deadline, stop, |t| {
             while t.elapsed() < busy {
                 let slot = (rng.next() % slots.len() as u64) as usize;
                 let size = 16usize << (rng.next() % 17);
@@ -289,8 +291,7 @@ pub fn fragmentation(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<Str
                 slots[slot] = v;
                 done += 1;
             }
-            hold((t + period).min(deadline), stop);
-        }
+        });
         cycles.fetch_add(done, Ordering::Relaxed);
     });
     Ok(format!(

@@ -1,13 +1,13 @@
 //! Process pauses: SIGSTOP/SIGCONT of the whole engine (a hang of a few tens of ms).
 
 use std::{
-    sync::atomic::{AtomicBool, Ordering},
+    sync::atomic::AtomicBool,
     time::{Duration, Instant},
 };
 
 use anyhow::Result;
 
-use crate::{hold, process_tree, realtime, Onset, Params};
+use crate::{each_period, hold, process_tree, realtime, Onset, Params};
 
 /// One pause cycle without the engine's step.
 const PERIOD: Duration = Duration::from_millis(200);
@@ -39,10 +39,8 @@ pub fn pauses(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
     let pause = period.mul_f64(p.intensity.min(0.9));
     let fifo = realtime();
     let mut count = 0;
-    while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-        let t = Instant::now();
-        let tree = process_tree(pid);
-        let stopped = Stopped(tree);
+    each_period(period, deadline, stop, |t| {
+        let stopped = Stopped(process_tree(pid));
         for &q in &stopped.0 {
             // SAFETY: kill(2) on the engine's processes; Stopped continues them.
             unsafe { libc::kill(q as i32, libc::SIGSTOP) };
@@ -51,8 +49,7 @@ pub fn pauses(p: &Params, stop: &AtomicBool, onset: &Onset) -> Result<String> {
         hold((t + pause).min(deadline), stop);
         drop(stopped);
         count += 1;
-        hold((t + period).min(deadline), stop);
-    }
+    });
     Ok(format!(
         "{count} pauses of {:.0} ms every {:.0} ms of the engine's process tree{}",
         pause.as_secs_f64() * 1e3,
