@@ -74,16 +74,21 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
         policies.contains(&fifo),
         "the loop thread never read SCHED_FIFO in 20 looks: {policies:?}"
     );
+    let thread = |comm: &str| -> u32 {
+        std::fs::read_dir(format!("/proc/{daemon}/task"))
+            .unwrap()
+            .map(|t| t.unwrap().path())
+            .find(|t| std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.trim() == comm))
+            .and_then(|t| t.file_name()?.to_str()?.parse().ok())
+            .unwrap_or_else(|| panic!("the daemon has no thread {comm}"))
+    };
     // So does its watchdog, which must report on a node the engine saturates.
-    let watchdog: u32 = std::fs::read_dir(format!("/proc/{daemon}/task"))
-        .unwrap()
-        .map(|t| t.unwrap().path())
-        .find(|t| {
-            std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.trim() == "stallscope-watc")
-        })
-        .and_then(|t| t.file_name()?.to_str()?.parse().ok())
-        .expect("the daemon's watchdog thread");
-    assert_eq!(policy(watchdog), fifo);
+    assert_eq!(policy(thread("stallscope-watc")), fifo);
+    // Its HTTP API holds the CPU reservation, so that a scrape is answered there too.
+    assert_eq!(
+        policy(thread("stallscope-http")),
+        Some(sys_util::sched::SCHED_DEADLINE.to_string())
+    );
     // Outside deep dives only the four scheduler hooks are attached: the syscall hooks,
     // which every syscall on the node would run, attach for deep dives.
     assert_eq!(bpf_links(d.pid()), 4, "links held by the daemon");

@@ -250,12 +250,62 @@ impl Daemon {
             sys_util::http::request_to(self.addr(), "GET", path, "", "", Duration::from_secs(60))
                 .unwrap_or_else(|e| {
                     panic!(
-                        "GET {path}: no answer within 60 s: {e}; the daemon's log ends:\n{}",
-                        self.log_tail(40)
+                        "GET {path}: no answer within 60 s: {e}; the daemon's log ends:\n{}\nits threads:\n{}",
+                        self.log_tail(40),
+                        self.threads()
                     )
                 });
         assert_eq!(r.status, 200, "GET {path}: {}", r.body);
         r.body
+    }
+
+    /// What each of its threads is doing (state, policy, CPU time, kernel wait) and, where gdb
+    /// is installed, their stacks, with what competes for the CPUs: for a daemon that stops
+    /// answering.
+    pub fn threads(&self) -> String {
+        let pid = self.pid();
+        let mut out = String::new();
+        for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let dir = t.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            // A SCHED_DEADLINE thread's budget and deadline (a reservation the kernel once left
+            // throttled for good: sys_util::sched::RESERVATION).
+            let deadline: Vec<String> = std::fs::read_to_string(dir.join("sched"))
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.starts_with("dl."))
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                .collect();
+            out += &format!(
+                "{} {}: {}{}\n",
+                t.file_name().to_string_lossy(),
+                comm.trim(),
+                sys_util::task_state::doing(&dir.to_string_lossy()),
+                if deadline.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {}", deadline.join(", "))
+                }
+            );
+        }
+        out += &sys_util::task_state::cpu_contention();
+        let stacks = Command::new("timeout")
+            .args(["60", "gdb", "-p", &pid.to_string(), "-batch", "-nx"])
+            .args(["-ex", "thread apply all bt 30"])
+            .output();
+        match stacks {
+            Ok(o) if o.status.success() => {
+                out += "\n";
+                out += &String::from_utf8_lossy(&o.stdout);
+            }
+            Ok(o) => out += &format!("\n(no stacks: gdb {})", o.status),
+            Err(e) => out += &format!("\n(no stacks: gdb: {e})"),
+        }
+        out
     }
 
     pub fn status(&self) -> Value {

@@ -16,8 +16,8 @@
 //! thread's: a container's cpuset narrows all of them alike and pins none. Where the pinned
 //! CPUs are all the daemon may use, it stays where it is.
 //!
-//! Threads reserved with SCHED_DEADLINE (fits, deep-dive writers, attaches) keep every CPU:
-//! the kernel refuses a deadline thread an affinity narrower than its root domain
+//! Threads reserved with SCHED_DEADLINE (fits, deep-dive writers, attaches, the HTTP API) keep
+//! every CPU: the kernel refuses a deadline thread an affinity narrower than its root domain
 //! (`sched_setaffinity` answers EBUSY, `__sched_setscheduler` EPERM; kernel/sched/syscalls.c),
 //! and their reservation bounds what they take from any CPU to 1 ms in 10.
 

@@ -28,13 +28,14 @@ pub fn background() {
 
 /// Puts the calling thread at the background reservation ([`sys_util::sched::reserved`]), or
 /// leaves it at its policy where the kernel refuses it; the first refusal is logged once per
-/// daemon, with its reason.
+/// daemon, with its reason. For threads that must be served on a saturated node but not take
+/// more than the reservation from it: attaches, the HTTP API.
 pub fn reserved_or_normal() {
     if let Err(refused) = sys_util::sched::reserved() {
         static SAID: std::sync::Once = std::sync::Once::new();
         SAID.call_once(|| {
             info!(
-                "attaches run at the normal policy and may wait behind the engine's threads: SCHED_DEADLINE was refused ({refused}; it needs CAP_SYS_NICE and a CPU affinity spanning every CPU)"
+                "attaches and the HTTP API run at the normal policy and may wait behind the engine's threads: SCHED_DEADLINE was refused ({refused}; it needs CAP_SYS_NICE and a CPU affinity spanning every CPU)"
             );
         });
     }
