@@ -20,8 +20,8 @@ use common::daemon::{config, metric, Daemon};
 use common::proc_events::ProcEvents;
 use common::{
     expect_failure, free_port, http_request, pin_this_thread_to_cpu, require_root,
-    set_this_thread_affinity, stallscope, start_engine, start_timed_engine, this_thread_affinity,
-    tmpdir,
+    set_this_thread_affinity, stallscope, start_engine, start_engine_tagged, start_timed_engine,
+    this_thread_affinity, tmpdir,
 };
 use sys_util::clock::monotonic_ns;
 
@@ -393,7 +393,10 @@ fn a_daemon_killed_mid_remote_call_leaves_the_engine_stepping() {
 fn an_engine_restarted_under_the_daemon_is_attached_again() {
     require_root();
     let dir = tmpdir("restart");
-    let mut engine = start_engine();
+    // Its own tag: a pattern of py_engine.py would attach this daemon to the toys of the
+    // tests running beside it.
+    let tag = format!("stallscope-restart-test-toy-{}", std::process::id());
+    let mut engine = start_engine_tagged(None, &tag);
     let old = engine.id();
     let port = free_port();
     let cfg = config(&dir, old, port, 100_000);
@@ -403,7 +406,7 @@ fn an_engine_restarted_under_the_daemon_is_attached_again() {
         .replace(&format!("pids = [{old}]"), "pids = []")
         .replace(
             "engine_patterns = []",
-            "engine_patterns = [\"py_engine.py\"]",
+            &format!("engine_patterns = [\"{tag}\"]"),
         );
     std::fs::write(&cfg, text).unwrap();
     let mut d = Daemon::start_with(&dir, port, cfg);
@@ -416,7 +419,7 @@ fn an_engine_restarted_under_the_daemon_is_attached_again() {
     );
     engine.child().kill().unwrap();
     engine.child().wait().unwrap();
-    let restarted = start_engine();
+    let restarted = start_engine_tagged(None, &tag);
     let new = restarted.id();
     d.wait_for(
         "the restarted engine's iterations",

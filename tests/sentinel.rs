@@ -18,8 +18,8 @@ use common::daemon::{config, config_on, metric, Daemon};
 use common::servers::start_prometheus;
 use common::{
     expect_failure, expect_json, expect_success, free_port, http_get, http_request, python,
-    python_check, require_root, stallscope, start_engine, start_hog, start_timed_engine,
-    thread_scheduling, tmpdir, toy_slowdown, toy_steps_between, Proc, TOY_HOG,
+    python_check, require_root, stallscope, start_engine, start_engine_tagged, start_hog,
+    start_timed_engine, thread_scheduling, tmpdir, toy_slowdown, toy_steps_between, Proc, TOY_HOG,
 };
 use perfetto_writer::read;
 use sys_util::clock::monotonic_ns;
@@ -490,7 +490,10 @@ fn an_engine_stuck_in_a_c_call_does_not_hold_up_the_others() {
     require_root();
     let dir = tmpdir("stuck");
     let times = dir.join("toy-times.txt");
-    let engine = start_timed_engine(&times);
+    // Its own tag: a pattern of py_engine.py would attach this daemon to the toys of the
+    // tests running beside it, and theirs would find their engine watched by another.
+    let tag = format!("stallscope-stuck-test-toy-{}", std::process::id());
+    let engine = start_engine_tagged(Some(&times), &tag);
     // A Python process whose main thread sleeps in C: the probes' attach waits for it to
     // reach the eval loop and gives up after a few seconds, again every retry.
     let mut stuck = Proc::spawn(
@@ -518,7 +521,7 @@ fn an_engine_stuck_in_a_c_call_does_not_hold_up_the_others() {
         .replace(&format!("pids = [{}]", engine.id()), "pids = []")
         .replace(
             "engine_patterns = []",
-            "engine_patterns = [\"py_engine.py\", \"stallscope-stuck-engine\"]",
+            &format!("engine_patterns = [\"{tag}\", \"stallscope-stuck-engine\"]"),
         );
     std::fs::write(&cfg, text).unwrap();
     let mut d = Daemon::start_with(&dir, port, cfg);

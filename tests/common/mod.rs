@@ -359,7 +359,7 @@ pub const TOY_HOG: Hog = Hog {
 
 /// The toy engine, pinned to CPU 0.
 pub fn start_engine() -> Proc {
-    start_toy(None)
+    start_toy(None, None)
 }
 
 /// The toy engine, pinned to `cpus`, run by the programs of `prefix` (e.g. to enter a
@@ -377,13 +377,22 @@ pub fn start_engine_in(prefix: &[String], cpus: &str) -> Proc {
 /// The toy engine, pinned to CPU 0, timing its own steps into `times` (see
 /// [`toy_slowdown`]).
 pub fn start_timed_engine(times: &Path) -> Proc {
-    start_toy(Some(times))
+    start_toy(Some(times), None)
 }
 
-fn start_toy(times: Option<&Path>) -> Proc {
+/// The toy engine (timing its steps into `times` if given) with `tag` as an argument on its
+/// command line, which the toy ignores: for a daemon that finds its engine by pattern, which
+/// must not match the toys of the other tests running beside it (every toy's command line
+/// holds `py_engine.py`).
+pub fn start_engine_tagged(times: Option<&Path>, tag: &str) -> Proc {
+    start_toy(times, Some(tag))
+}
+
+fn start_toy(times: Option<&Path>, tag: Option<&str>) -> Proc {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/py_engine.py");
     let mut cmd = Command::new("taskset");
     cmd.args(["-c", "0"]).arg(python("3.12")).arg(script);
+    cmd.args(tag);
     if let Some(t) = times {
         cmd.env("STALLSCOPE_TOY_TIMES", t);
     }
