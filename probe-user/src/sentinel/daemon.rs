@@ -162,9 +162,9 @@ pub fn run(cfg: &Config, paths: &KernelPaths) -> Result<()> {
         std::thread::Builder::new()
             .name("stallscope-http".into())
             .spawn(move || {
-                // Scrapes and status reads must be answered on a node the engine saturates: at
-                // the normal policy beside vLLM on 2 vCPUs a scrape waited 2-16 s for the CPU,
-                // once over 60 s. The reservation bounds what a flood of requests can take from
+                // Scrapes and status reads must be answered on a node the engine saturates,
+                // where a thread at the normal policy may wait seconds for a CPU (BENCHMARKS.md,
+                // Reliability). The reservation bounds what a flood of requests can take from
                 // the engine to 1 ms in 10. Taken once, for the thread's life.
                 crate::os::sched::reserved_or_normal();
                 http::serve(listener, shared, dd, fleet, stop)
