@@ -19,12 +19,14 @@ fuzz_target!(|data: &[u8]| {
             input_len: 512.0,
             output_len: 64.0,
             tokens: 8.0,
+            overlap_tokens: 0.0,
         },
         Workload {
             batch: f64::NAN,
             input_len: f64::INFINITY,
             output_len: -1.0,
             tokens: f64::MAX,
+            overlap_tokens: 0.0,
         },
     ] {
         let _ = b.predict(&w);

@@ -13,7 +13,7 @@ use crate::{
 };
 
 /// Version of the persisted model format.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// One healthy iteration: its workload and measured duration.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -124,10 +124,8 @@ pub struct Baseline {
     /// [`Baseline::predict`]); none when there were none (and in models saved before it).
     #[serde(default)]
     pub empty_step_us: Option<f64>,
-    /// The smallest and largest batch of the training samples; none in models saved before
-    /// it (then every batch counts as covered).
-    #[serde(default)]
-    pub batch_range: Option<(f64, f64)>,
+    /// The batches the training samples held; none when there were none.
+    pub coverage: Option<Coverage>,
     /// The regressor laid out for prediction (built from `gbdt` when fitted or read; empty
     /// when it cannot be: then `gbdt` is walked).
     #[serde(skip)]
@@ -162,16 +160,54 @@ fn predicted(empty_step_us: Option<f64>, w: &Workload, regressor: impl FnOnce() 
     }
 }
 
-/// Whether `batch` is within `range` (no range: every batch is).
-fn covers(range: Option<(f64, f64)>, batch: f64) -> bool {
-    range.is_none_or(|(lo, hi)| (lo..=hi).contains(&batch))
+/// The batches a model was fitted on. A tree ensemble does not extrapolate: a batch outside
+/// them is predicted as the nearest one it saw, however much longer or shorter it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Coverage {
+    /// The smallest and largest batch size.
+    pub batch: (f64, f64),
+    /// Some batch ran alone (no `overlap_tokens`).
+    pub alone: bool,
+    /// Some batch shared a pipeline with others (`overlap_tokens` above 0).
+    pub overlapped: bool,
 }
 
-/// The smallest and largest batch among `samples`.
-fn batch_range(samples: &[Sample]) -> Option<(f64, f64)> {
-    samples.iter().map(|s| s.workload.batch).fold(None, |r, b| {
-        Some(r.map_or((b, b), |(lo, hi): (f64, f64)| (lo.min(b), hi.max(b))))
-    })
+impl Coverage {
+    /// What `samples` hold; none for no sample.
+    fn of(samples: &[Sample]) -> Option<Coverage> {
+        samples.iter().map(|s| &s.workload).fold(None, |c, w| {
+            let alone = w.overlap_tokens == 0.0;
+            Some(match c {
+                None => Coverage {
+                    batch: (w.batch, w.batch),
+                    alone,
+                    overlapped: !alone,
+                },
+                Some(c) => Coverage {
+                    batch: (c.batch.0.min(w.batch), c.batch.1.max(w.batch)),
+                    alone: c.alone || alone,
+                    overlapped: c.overlapped || !alone,
+                },
+            })
+        })
+    }
+
+    /// Whether `w`'s batch size is within the range and the model saw batches run as it
+    /// ran: alone, or beside others.
+    pub fn covers(&self, w: &Workload) -> bool {
+        let (lo, hi) = self.batch;
+        (lo..=hi).contains(&w.batch)
+            && if w.overlap_tokens == 0.0 {
+                self.alone
+            } else {
+                self.overlapped
+            }
+    }
+}
+
+/// Whether `coverage` covers `w` (none: every workload is).
+fn covers(coverage: Option<Coverage>, w: &Workload) -> bool {
+    coverage.is_none_or(|c| c.covers(w))
 }
 
 /// The median duration of the samples that computed no token.
@@ -196,8 +232,8 @@ fn fit_gbdt(samples: &[Sample], params: &GbdtParams) -> Result<Gbdt, ModelError>
 
 impl Baseline {
     /// Fits the regressor on every sample and the UCL on its out-of-fold errors: those of
-    /// the samples whose batch size the other folds cover (all, when none is), as the
-    /// sentinel judges only batch sizes its model saw
+    /// the samples whose batch the other folds cover (all, when none is), as the sentinel
+    /// judges only batches like those its model saw
     /// ([`crate::SentinelParams::learn_unseen_batches`]).
     pub fn fit(
         samples: &[Sample],
@@ -221,11 +257,11 @@ impl Baseline {
                 .copied()
                 .collect();
             let (m, empty) = (fit_gbdt(&train, &params.gbdt)?, empty_step_us(&train));
-            let range = batch_range(&train);
+            let coverage = Coverage::of(&train);
             for i in lo..hi {
                 let w = &samples[i].workload;
                 oof[i] = predicted(empty, w, || m.predict(&w.features()));
-                covered[i] = covers(range, w.batch);
+                covered[i] = covers(coverage, w);
             }
         }
         let actual: Vec<f64> = samples.iter().map(|s| s.duration_us).collect();
@@ -258,7 +294,7 @@ impl Baseline {
             },
             gbdt: fit_gbdt(samples, &params.gbdt)?,
             empty_step_us: empty_step_us(samples),
-            batch_range: batch_range(samples),
+            coverage: Coverage::of(samples),
             compiled: Compiled::default(),
         }
         .compiled())
@@ -286,11 +322,9 @@ impl Baseline {
         })
     }
 
-    /// Whether iterations of `batch` requests were among the training samples' range. A tree
-    /// ensemble does not extrapolate: outside it, a batch is predicted as the nearest one it
-    /// saw, however much longer or shorter it takes.
-    pub fn covers_batch(&self, batch: f64) -> bool {
-        covers(self.batch_range, batch)
+    /// Whether batches like `w`'s were among the training samples ([`Coverage::covers`]).
+    pub fn covers(&self, w: &Workload) -> bool {
+        covers(self.coverage, w)
     }
 
     /// The model as JSON.
@@ -373,7 +407,8 @@ mod tests {
         let text = b.to_json();
         assert_eq!(Baseline::from_json(&text).unwrap(), b);
         assert!(Baseline::from_json(&text[..text.len() / 2]).is_err());
-        let wrong = text.replacen("\"format\":1", "\"format\":9", 1);
+        let wrong = text.replacen(&format!("\"format\":{FORMAT_VERSION}"), "\"format\":9", 1);
+        assert_ne!(wrong, text);
         assert!(matches!(
             Baseline::from_json(&wrong),
             Err(ModelError::Corrupt(_))

@@ -1,7 +1,7 @@
 //! Iteration tables in the LatencyPrism schema (`job_name, start_ts, duration_us,
 //! batch_size, avg_input_length, max_input_length, avg_output_length, max_output_length`),
-//! which is also what stallscope writes when it exports iterations (plus `num_tokens` and
-//! `stage`). Parsing works on text already read; the caller does the I/O.
+//! which is also what stallscope writes when it exports iterations (plus `num_tokens`,
+//! `overlap_tokens` and `stage`). Parsing works on text already read; the caller does the I/O.
 
 use crate::{features::Workload, ModelError};
 
@@ -24,7 +24,7 @@ pub struct Row {
 pub const WORKLOAD_COLUMNS: [&str; 3] = ["batch_size", "avg_input_length", "avg_output_length"];
 
 /// Parses CSV text with a header. `need_duration`: fitting needs `duration_us`.
-/// `num_tokens` is optional: without it, a table with `job_name`, `start_ts` and
+/// `overlap_tokens` is optional (0 without it). `num_tokens` is optional: without it, a table with `job_name`, `start_ts` and
 /// `max_output_length` (vLLM's iteration log as LatencyPrism publishes it) gets each step's
 /// tokens reconstructed from its job's next row ([`crate::steps`]); any other table, one token
 /// per request (a decode step's).
@@ -54,13 +54,14 @@ pub fn parse_csv(text: &str, need_duration: bool) -> Result<Vec<Row>, ModelError
         )));
     }
     let [b, li, lo] = WORKLOAD_COLUMNS.map(|c| col(c).expect("checked"));
-    let (dur, job, start, tokens, stage, max_out) = (
+    let (dur, job, start, tokens, stage, max_out, overlap) = (
         col("duration_us"),
         col("job_name"),
         col("start_ts"),
         col("num_tokens"),
         col("stage"),
         col("max_output_length"),
+        col("overlap_tokens"),
     );
     let reconstruct = tokens.is_none() && job.is_some() && start.is_some();
     let max_out = max_out.filter(|_| reconstruct);
@@ -107,6 +108,7 @@ pub fn parse_csv(text: &str, need_duration: bool) -> Result<Vec<Row>, ModelError
                 input_len: num(li)?,
                 output_len: num(lo)?,
                 tokens: tokens.map(num).transpose()?.unwrap_or(batch),
+                overlap_tokens: overlap.map(num).transpose()?.unwrap_or(0.0),
             },
         });
     }

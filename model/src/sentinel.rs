@@ -49,9 +49,11 @@ pub struct SentinelParams {
     pub recalibrate_over: Span,
     /// Bound of that scale: within `[1, 1+max]`.
     pub recalibrate_max: f64,
-    /// While no alert is open, an iteration of a batch size outside the range the model was
-    /// fitted on is not judged but learned (a tree ensemble predicts it as the nearest batch
-    /// it saw), and a refit is due once this many have been (0: judge every batch size).
+    /// While no alert is open, an iteration of a batch the model was not fitted on (a size
+    /// outside its range, or a pipelined batch that ran alone where training only had batches
+    /// sharing the pipeline, or the reverse: [`crate::baseline::Coverage`]) is not judged but
+    /// learned (a tree ensemble predicts it as the nearest batch it saw), and a refit is due
+    /// once this many have been (0: judge every batch).
     pub learn_unseen_batches: usize,
 }
 
@@ -110,7 +112,7 @@ pub struct Verdict {
     pub alert_started: bool,
     /// An alert ended with this iteration.
     pub alert_ended: bool,
-    /// Not judged: its batch size is outside the model's training range (see
+    /// Not judged: its batch is unlike the model's training batches (see
     /// [`SentinelParams::learn_unseen_batches`]); it is learned instead.
     pub unseen_batch: bool,
 }
@@ -136,14 +138,14 @@ pub struct Sentinel {
     detector: Detector,
     training: VecDeque<Sample>,
     /// Recent healthy samples (with the model's uncalibrated prediction, none for an unseen
-    /// batch size) held back for one window: if an alert starts, they were probably already
+    /// batch) held back for one window: if an alert starts, they were probably already
     /// abnormal and never reach the training set or the recalibration.
     pending: VecDeque<(Sample, Option<f64>, u64)>,
     /// End of the last iteration that joined the training set.
     last_trained_ns: Option<u64>,
     recalibration: Recalibration,
     since_fit: usize,
-    /// Iterations of an unseen batch size since the last fit started.
+    /// Iterations of an unseen batch since the last fit started.
     unseen_since_fit: usize,
     /// Samples the current model was fitted on.
     fitted_on: usize,
@@ -197,7 +199,7 @@ impl Sentinel {
         // An open alert keeps judging them: it can only end on verdicts.
         let unseen = self.params.learn_unseen_batches > 0
             && !self.detector.active()
-            && !b.covers_batch(it.workload.batch);
+            && !b.covers(&it.workload);
         if unseen {
             self.unseen_since_fit += 1;
             self.hold_back(sample, None, it.end_ns);
@@ -379,6 +381,7 @@ mod tests {
                 input_len: ctx,
                 output_len: 0.0,
                 tokens: batch,
+                overlap_tokens: 0.0,
             },
         }
     }
@@ -514,6 +517,7 @@ mod tests {
                             input_len: (n * 37 % 300) as f64,
                             output_len: 0.0,
                             tokens: batch,
+                            overlap_tokens: 0.0,
                         },
                     });
                     (t, n) = (t + dur_ns, n + 1);
@@ -539,10 +543,12 @@ mod tests {
         }
     }
 
-    /// A pipelined engine's two step modes: batches of 1-7 spread over the stages, and one
-    /// batch of 8 waiting for both, twice as long as the spread steps' trend says.
+    /// A pipelined engine's two step modes: batches of 1-7 sharing the pipeline with the
+    /// rest of the 8 requests, and all of them in one batch that runs alone, waiting for
+    /// every stage: twice as long as the shared steps' trend says, at sizes both modes run
+    /// (a request that finishes leaves a batch of 7 alone) and past them (8).
     #[test]
-    fn a_batch_size_the_model_never_saw_is_learned_not_alerted_on() {
+    fn a_batch_the_model_never_saw_is_learned_not_alerted_on() {
         // These durations have no noise: the UCL's floor stands for it.
         let params = SentinelParams {
             warmup_samples: 300,
@@ -556,19 +562,23 @@ mod tests {
         };
         let mut s = Sentinel::new(params, fp(), None);
         let mut t = 0;
-        let mut next = |batch: f64, slow: f64, s: &mut Sentinel| {
+        let mut next = |batch: f64, overlap: f64, slow: f64, s: &mut Sentinel| {
             t += 30_000_000;
-            s.observe(&it(t, batch, 400.0, slow))
+            let mut i = it(t, batch, 400.0, slow);
+            i.workload.overlap_tokens = overlap;
+            s.observe(&i)
         };
         for i in 0..300u64 {
-            next((1 + i % 7) as f64, 1.0, &mut s);
+            let batch = (1 + i % 7) as f64;
+            next(batch, 8.0 - batch, 1.0, &mut s);
         }
         let data = s.take_training();
         s.install(Baseline::fit(&data, &params.baseline, fp()).unwrap());
         // The one-batch mode: not judged, learned; the refit is due after 60 of them.
+        let alone = |i: usize| if i.is_multiple_of(2) { 8.0 } else { 7.0 };
         for i in 0..60 {
             assert!(!s.fit_due(), "refit due after {i} unseen iterations");
-            let v = next(8.0, 2.0, &mut s);
+            let v = next(alone(i), 0.0, 2.0, &mut s);
             assert!(v.unseen_batch && v.predicted_us.is_none(), "{v:?}");
         }
         assert!(s.fit_due());
@@ -577,28 +587,32 @@ mod tests {
         let data = s.take_training();
         assert_eq!(data.len(), 300 + 50);
         s.install(Baseline::fit(&data, &params.baseline, fp()).unwrap());
-        // The refit's UCL leaves out the out-of-fold errors of batch 8: the folds before the
-        // last never saw it, as the first model never judged it.
+        // The refit's UCL leaves out the out-of-fold errors of the batches alone: the folds
+        // before the last never saw one, as the first model never judged one.
         assert_eq!(s.baseline().unwrap().ucl.limit, 0.15);
-        // Now judged, at its own pace: no alert; slowed by half, an alert.
-        let calm = (0..100).map(|_| next(8.0, 2.0, &mut s)).collect::<Vec<_>>();
+        // Now judged, at their own pace: no alert; slowed by half, an alert.
+        let calm = (0..100)
+            .map(|i| next(alone(i), 0.0, 2.0, &mut s))
+            .collect::<Vec<_>>();
         assert!(calm
             .iter()
             .all(|v| !v.unseen_batch && v.predicted_us.is_some()));
         assert!(!s.alerting(), "{:?}", calm.last());
-        let slowed = (0..20).map(|_| next(8.0, 3.0, &mut s)).collect::<Vec<_>>();
+        let slowed = (0..20)
+            .map(|i| next(alone(i), 0.0, 3.0, &mut s))
+            .collect::<Vec<_>>();
         assert!(
             slowed.iter().any(|v| v.alert_started),
             "{:?}",
             slowed.last()
         );
-        // An open alert judges every batch size: it ends on verdicts.
-        let v = next(9.0, 1.0, &mut s);
+        // An open alert judges every batch: it ends on verdicts.
+        let v = next(9.0, 0.0, 1.0, &mut s);
         assert!(!v.unseen_batch && v.predicted_us.is_some(), "{v:?}");
-        let ended = (0..40).any(|_| next(9.0, 1.0, &mut s).alert_ended);
+        let ended = (0..40).any(|_| next(9.0, 0.0, 1.0, &mut s).alert_ended);
         assert!(ended && !s.alerting());
         // Once it has ended, a batch past the range is learned again.
-        assert!(next(9.0, 1.0, &mut s).unseen_batch);
+        assert!(next(9.0, 0.0, 1.0, &mut s).unseen_batch);
     }
 
     /// Judging every batch size (0) is the old rule: the nearest batch's prediction.

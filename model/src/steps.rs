@@ -113,6 +113,7 @@ mod tests {
                             input_len: 128.0,
                             output_len,
                             tokens: batch,
+                            overlap_tokens: 0.0,
                         },
                         stage: None,
                     },

@@ -37,6 +37,7 @@ pub fn decode_samples(n: usize, seed: u64) -> Vec<Sample> {
                     input_len,
                     output_len,
                     tokens: batch,
+                    overlap_tokens: 0.0,
                 },
                 duration_us: clean * (1.0 + 0.03 * (r.uniform() - 0.5)),
             }

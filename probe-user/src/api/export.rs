@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use model::Iteration;
 
 /// The header line.
-pub const HEADER: &str = "job_name,start_ts,duration_us,batch_size,avg_input_length,max_input_length,avg_output_length,max_output_length,num_tokens,stage,predicted_us";
+pub const HEADER: &str = "job_name,start_ts,duration_us,batch_size,avg_input_length,max_input_length,avg_output_length,max_output_length,num_tokens,stage,predicted_us,overlap_tokens";
 
 /// An open export file.
 pub struct IterationCsv {
@@ -49,7 +49,7 @@ impl IterationCsv {
         // One write per row: BufWriter flushes only between writes, so a reader of the file
         // sees whole rows (a `writeln!` writes a row in pieces and a flush can cut it).
         let row = format!(
-            "pid{pid},{start_us:.3},{:.3},{},{:.2},{:.2},{:.2},{:.2},{},{},{}\n",
+            "pid{pid},{start_us:.3},{:.3},{},{:.2},{:.2},{:.2},{:.2},{},{},{},{}\n",
             i.duration_us(),
             w.batch,
             w.input_len,
@@ -59,6 +59,7 @@ impl IterationCsv {
             w.tokens,
             i.stage.as_str(),
             predicted_us.map_or(String::new(), |p| format!("{p:.1}")),
+            w.overlap_tokens,
         );
         self.out.write_all(row.as_bytes())?;
         Ok(())
@@ -94,6 +95,7 @@ mod tests {
                     input_len: 100.0 + n as f64 / 7.0,
                     output_len: 0.0,
                     tokens: (n % 13) as f64,
+                    overlap_tokens: 0.0,
                 },
             };
             csv.write(4242, &i, (n % 2 == 0).then_some(27_000.0 + n as f64))

@@ -169,7 +169,7 @@ impl Metrics {
             error: reg(r, GaugeVec::new(opts("prediction_error_ratio", "Positive prediction error E = max(0, (y - yhat)/(y + eps)) of the last modelled iteration"), pid).unwrap()),
             error_mean: reg(r, GaugeVec::new(opts("prediction_error_moving_mean_ratio", "Moving mean of E over the detector window"), pid).unwrap()),
             ucl: reg(r, GaugeVec::new(opts("ucl_ratio", "Upper control limit of the moving mean of E"), pid).unwrap()),
-            unjudged: reg(r, IntCounterVec::new(opts("iterations_unjudged_total", "Modelled iterations the sentinel learned instead of judging (reason unseen_batch: a batch size outside the model's training range, while no alert was open)"), &process_and(&["reason"])).unwrap()),
+            unjudged: reg(r, IntCounterVec::new(opts("iterations_unjudged_total", "Modelled iterations the sentinel learned instead of judging (reason unseen_batch: a batch unlike the model's training batches, in size or in sharing a pipeline, while no alert was open)"), &process_and(&["reason"])).unwrap()),
             alerts: reg(r, IntCounterVec::new(opts("alerts_total", "Alerts raised"), pid).unwrap()),
             anomaly_active: reg(r, IntGaugeVec::new(opts("anomaly_active", "1 while an alert is open"), pid).unwrap()),
             model_state: reg(r, IntGaugeVec::new(opts("model_state", "1 for the baseline model's current state"), &process_and(&["state"])).unwrap()),

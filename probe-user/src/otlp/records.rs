@@ -89,7 +89,7 @@ pub fn alert_record(logger: &SdkLogger, event: &str, a: &Alert) {
         }
     }
     let w = &a.workload;
-    let numbers: [(&'static str, f64); 12] = [
+    let numbers: [(&'static str, f64); 13] = [
         ("stallscope.alert.moving_mean", a.moving_mean),
         ("stallscope.alert.window_slowdown", a.window_slowdown),
         ("stallscope.alert.ucl", a.ucl),
@@ -103,6 +103,7 @@ pub fn alert_record(logger: &SdkLogger, event: &str, a: &Alert) {
         ("stallscope.workload.input_len", w.input_len),
         ("stallscope.workload.output_len", w.output_len),
         ("stallscope.workload.tokens", w.tokens),
+        ("stallscope.workload.overlap_tokens", w.overlap_tokens),
         ("stallscope.alert.iterations", a.iterations as f64),
         ("stallscope.alert.slowdown", a.slowdown),
     ];

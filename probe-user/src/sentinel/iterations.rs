@@ -116,10 +116,21 @@ impl Assembler {
         if self.fields.require_batch && batch.is_none_or(|b| b <= 0) {
             return None;
         }
+        // A pipelined call that finished a batch may first have dispatched the next one,
+        // which shares the pipeline with it: those phases' tokens (the finished batch's own
+        // are in the `completes_with` phase, and their dispatch in an earlier call).
+        let mut overlap = 0;
         if let Some(done) = &self.anchors[which].completes_with {
             if !inside.iter().any(|p| p.func == *done) {
                 self.opened.insert(call.tid, start_ns);
                 return None;
+            }
+            if let Some(t) = &self.fields.tokens {
+                overlap = inside
+                    .iter()
+                    .filter(|p| p.func != *done)
+                    .filter_map(|p| p.args.get(t))
+                    .sum();
             }
         }
         if self.anchors[which].closed_by.is_some() {
@@ -135,7 +146,7 @@ impl Assembler {
             return None;
         }
         self.current = which;
-        Some(self.iteration(start_ns, call.end_ns, &fields))
+        Some(self.iteration(start_ns, call.end_ns, &fields, overlap))
     }
 
     /// The iteration of the batch `call` processed: the oldest launched on its thread whose
@@ -155,15 +166,17 @@ impl Assembler {
         let at = lane.iter().position(agrees)?;
         let l = lane.drain(..=at).next_back()?;
         self.current = l.anchor;
-        Some(self.iteration(l.start_ns, call.end_ns, &l.fields))
+        Some(self.iteration(l.start_ns, call.end_ns, &l.fields, 0))
     }
 
-    /// The iteration from `start_ns` to `end_ns` with the workload in `fields`.
+    /// The iteration from `start_ns` to `end_ns` with the workload in `fields`, beside
+    /// `overlap` tokens of other batches.
     fn iteration(
         &mut self,
         start_ns: u64,
         end_ns: u64,
         fields: &BTreeMap<String, i64>,
+        overlap: i64,
     ) -> Iteration {
         let get = |name: &Option<String>| name.as_ref().and_then(|n| fields.get(n)).copied();
         let batch = get(&self.fields.batch);
@@ -208,6 +221,7 @@ impl Assembler {
                 input_len: context.unwrap_or(0.0) / b,
                 output_len: 0.0,
                 tokens: t,
+                overlap_tokens: overlap as f64,
             },
         }
     }
@@ -249,7 +263,7 @@ mod tests {
             .push(call("vllm.v1.engine.core:EngineCore.step", 5, 100, &[]))
             .unwrap();
         assert_eq!(it.stage, Stage::Decode);
-        assert_eq!(it.workload.features(), [4.0, 100.0, 0.0, 400.0, 4.0]);
+        assert_eq!(it.workload.features(), [4.0, 100.0, 0.0, 400.0, 4.0, 0.0]);
         assert_eq!((it.start_ns, it.end_ns), (5, 100));
     }
 
@@ -317,9 +331,16 @@ mod tests {
         }
         let spans: Vec<_> = got
             .iter()
-            .map(|i| (i.start_ns, i.end_ns, i.workload.batch))
+            .map(|i| {
+                let w = &i.workload;
+                (i.start_ns, i.end_ns, w.batch, w.overlap_tokens)
+            })
             .collect();
-        assert_eq!(spans, [(10, 40, 2.0), (40, 70, 3.0), (70, 95, 4.0)]);
+        // Each batch shares the pipeline with the one its call queued; the last runs alone.
+        assert_eq!(
+            spans,
+            [(10, 40, 2.0, 3.0), (40, 70, 3.0, 4.0), (70, 95, 4.0, 0.0)]
+        );
         assert_eq!(a.anchor(), BQ);
         // `step` still makes an iteration of each call.
         a.push(call(EXEC, 101, 102, &batch(1)));
@@ -327,6 +348,8 @@ mod tests {
             .push(call("vllm.v1.engine.core:EngineCore.step", 100, 110, &[]))
             .unwrap();
         assert_eq!((it.start_ns, it.end_ns), (100, 110));
+        // A loop of one batch at a time has none beside it.
+        assert_eq!(it.workload.overlap_tokens, 0.0);
     }
 
     /// SGLang: `run_batch` launches a batch, `process_batch_result` processes it. The normal
@@ -430,7 +453,10 @@ mod tests {
         let prefill = a
             .push(call(PROCESS, 31, 35, &[("batch", 2), ("mode", 1)]))
             .unwrap();
-        assert_eq!(prefill.workload.features(), [2.0, 20.0, 0.0, 40.0, 40.0]);
+        assert_eq!(
+            prefill.workload.features(),
+            [2.0, 20.0, 0.0, 40.0, 40.0, 0.0]
+        );
         let forward = [("bs", 2), ("mode", 2), ("seq_lens_sum", 42)];
         let launch = [("batch", 2), ("mode", 2), ("batch_extend_tokens", 40)];
         assert!(a.push(call(FORWARD, 37, 48, &forward)).is_none());
