@@ -84,11 +84,15 @@ fn discovers_the_anchor_fits_alerts_on_cpu_contention_and_reuses_its_model() {
     };
     // So does its watchdog, which must report on a node the engine saturates.
     assert_eq!(policy(thread("stallscope-watc")), fifo);
-    // Its HTTP API holds the CPU reservation, so that a scrape is answered there too.
-    assert_eq!(
-        policy(thread("stallscope-http")),
-        Some(sys_util::sched::SCHED_DEADLINE.to_string())
-    );
+    // Its HTTP API holds the CPU reservation, so that a scrape is answered there too; the
+    // probes' lease keeper holds one of its own, so that the lease is renewed there too.
+    for comm in ["stallscope-http", "stallscope-leas"] {
+        assert_eq!(
+            policy(thread(comm)),
+            Some(sys_util::sched::SCHED_DEADLINE.to_string()),
+            "{comm}"
+        );
+    }
     // Outside deep dives only the four scheduler hooks are attached: the syscall hooks,
     // which every syscall on the node would run, attach for deep dives.
     assert_eq!(bpf_links(d.pid()), 4, "links held by the daemon");

@@ -5,9 +5,12 @@
 //! ring: a reader held up for a while (a daemon starved of CPU on a busy host, a slow pass of
 //! its loop) must not lose its probes, only a reader that is gone. The thread dies with the
 //! process, so a killed stallscope still lets the lease run out.
+//!
+//! The thread holds a tiny CPU reservation ([`sys_util::sched::HEARTBEAT`]): on a node the
+//! engine saturates, a thread at the normal policy can wait longer than the lease for a CPU.
 
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Once};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -29,11 +32,21 @@ impl LeaseKeeper {
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("stallscope-lease".into())
-            .spawn(move || loop {
-                ring.heartbeat(monotonic_ns());
-                match stopped.recv_timeout(period) {
-                    Err(RecvTimeoutError::Timeout) => continue,
-                    Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+            .spawn(move || {
+                if let Err(refused) = sys_util::sched::reserve(&sys_util::sched::HEARTBEAT) {
+                    static SAID: Once = Once::new();
+                    SAID.call_once(|| {
+                        log::info!(
+                            "the probes' lease is renewed at the normal policy and may wait behind the engine's threads: SCHED_DEADLINE was refused ({refused}; it needs CAP_SYS_NICE and a CPU affinity spanning every CPU)"
+                        );
+                    });
+                }
+                loop {
+                    ring.heartbeat(monotonic_ns());
+                    match stopped.recv_timeout(period) {
+                        Err(RecvTimeoutError::Timeout) => continue,
+                        Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
+                    }
                 }
             })?;
         Ok(LeaseKeeper {

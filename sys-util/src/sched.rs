@@ -27,6 +27,19 @@ pub const RESERVATION: Reservation = Reservation {
     period_ns: 10_000_000,
 };
 
+/// The CPU a heartbeat thread (the probes' lease keeper) may take: 100 µs of every 100 ms, a
+/// thousandth of one CPU. It writes one word a second, and must write it on time whatever
+/// saturates the CPUs: at the normal policy, beside a pipelined vLLM under load and a
+/// SCHED_FIFO hog on 2 vCPUs, a 10 ms sleeper woke up to 17 s late (BENCHMARKS.md,
+/// Reliability), and a lease not renewed for 30 s removes the engine's probes. Each keeper
+/// holds its own; the kernel admits deadline tasks while their bandwidth fits its limit
+/// (`/proc/sys/kernel/sched_rt_runtime_us`, 95 % of every CPU by default), which this one
+/// barely touches.
+pub const HEARTBEAT: Reservation = Reservation {
+    runtime_ns: 100_000,
+    period_ns: 100_000_000,
+};
+
 /// Where the kernel refuses the reservation: SCHED_BATCH (no preemption on wake-up) at this
 /// nice value, which yields to the engine roughly 10:1 and may wait as long as above.
 pub const FALLBACK_NICE: libc::c_int = 10;
@@ -94,12 +107,13 @@ pub fn reserved() -> std::io::Result<()> {
     reserve(&RESERVATION)
 }
 
-/// The calling thread at SCHED_DEADLINE with `r` (deadline = period). Threads and processes it
-/// starts get the normal policy (SCHED_FLAG_RESET_ON_FORK; without it, the kernel refuses a
-/// deadline task's fork). The kernel reserves only a thread that may run on every CPU of its
-/// root domain: the thread is widened to every CPU its cpuset allows first, and narrowed back
+/// The calling thread at SCHED_DEADLINE with `r` (deadline = period); where the kernel refuses
+/// it (see [`background`]) the thread keeps its policy. Threads and processes it starts get
+/// the normal policy (SCHED_FLAG_RESET_ON_FORK; without it, the kernel refuses a deadline
+/// task's fork). The kernel reserves only a thread that may run on every CPU of its root
+/// domain: the thread is widened to every CPU its cpuset allows first, and narrowed back
 /// where the reservation is refused.
-fn reserve(r: &Reservation) -> std::io::Result<()> {
+pub fn reserve(r: &Reservation) -> std::io::Result<()> {
     let before = affinity(0);
     let _ = set_affinity(0, &(0..libc::CPU_SETSIZE as usize).collect());
     let reserved = deadline(r);

@@ -16,10 +16,11 @@
 //! thread's: a container's cpuset narrows all of them alike and pins none. Where the pinned
 //! CPUs are all the daemon may use, it stays where it is.
 //!
-//! Threads reserved with SCHED_DEADLINE (fits, deep-dive writers, attaches, the HTTP API) keep
-//! every CPU: the kernel refuses a deadline thread an affinity narrower than its root domain
-//! (`sched_setaffinity` answers EBUSY, `__sched_setscheduler` EPERM; kernel/sched/syscalls.c),
-//! and their reservation bounds what they take from any CPU to 1 ms in 10.
+//! Threads reserved with SCHED_DEADLINE (fits, deep-dive writers, attaches, the HTTP API, the
+//! probes' lease keeper) keep every CPU: the kernel refuses a deadline thread an affinity
+//! narrower than its root domain (`sched_setaffinity` answers EBUSY, `__sched_setscheduler`
+//! EPERM; kernel/sched/syscalls.c), and their reservation bounds what they take from any CPU
+//! (1 ms in 10 at most).
 
 use std::{
     collections::BTreeSet,

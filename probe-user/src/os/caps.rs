@@ -38,7 +38,7 @@ pub const CAP_SYS_NICE: Cap = Cap {
     number: 23,
     name: "CAP_SYS_NICE",
     used_for:
-        "the verdicts at SCHED_FIFO ([sentinel] verdict_priority), and fits, deep-dive writers, attaches and the HTTP API in a SCHED_DEADLINE reservation of 1 ms per 10 ms (without it, the normal policy; fits and writers at SCHED_BATCH nice 10)",
+        "the verdicts at SCHED_FIFO ([sentinel] verdict_priority), fits, deep-dive writers, attaches and the HTTP API in a SCHED_DEADLINE reservation of 1 ms per 10 ms, and the probes' lease keeper in one of 100 µs per 100 ms (without it, the normal policy; fits and writers at SCHED_BATCH nice 10)",
 };
 pub const CAP_PERFMON: Cap = Cap {
     number: 38,
