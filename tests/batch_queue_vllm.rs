@@ -228,7 +228,7 @@ fn batch_queue_iterations_match_vllms_log_and_a_hog_alerts() {
     let alert =
         serde_json::from_str::<Value>(&daemon.get("/api/v1/alerts")).unwrap()[before].clone();
     println!("| alerts before the hog, after the fit | {before} |");
-    println!("| decode iterations learned, not judged (a batch size the model had not seen) | {learned} |");
+    println!("| decode iterations learned, not judged (a batch unlike those the model was fitted on) | {learned} |");
     println!(
         "| first alert after a hog on CPUs {cpus} ({spin_ms:.1} ms spins, 2/3 duty) started | {:.1} s |",
         lag.as_secs_f64()
