@@ -771,7 +771,8 @@ fn replay_runs_the_sentinel_over_a_recorded_vllm_run() {
 /// with another batch (about 18 ms), replayed with the 300-iteration warm-up of
 /// tests/batch_queue_vllm.rs: with the tokens dispatched beside each batch (`overlap_tokens`),
 /// every refit predicts the iterations it held out closer and sets a lower UCL than the same
-/// fits without that column, which cannot tell the two ways apart (BENCHMARKS.md, Frameworks).
+/// fits without that column, which cannot tell the two ways apart (BENCHMARKS.md, Framework
+/// profiles).
 #[test]
 fn replay_tells_a_pipelined_batch_alone_from_one_sharing_the_pipeline() {
     let dir = tmpdir("replay-modes");
