@@ -699,6 +699,22 @@ fn fit_then_predict_one_duration_per_row_in_order() {
     for (l, p) in lines[1..].iter().zip(&json) {
         assert!((l.parse::<f64>().unwrap() - p).abs() < 0.01);
     }
+    // A model of another format (another version of stallscope wrote it) is refused as such.
+    let model = std::fs::read_to_string(dir.join("m.json")).unwrap();
+    let old = model.replacen("\"format\":2,", "\"format\":1,", 1);
+    assert_ne!(old, model, "the model's format is no longer 2");
+    std::fs::write(dir.join("old.json"), old).unwrap();
+    let e = expect_failure(
+        stallscope()
+            .args(["predict", "--model"])
+            .arg(dir.join("old.json"))
+            .arg("--csv")
+            .arg(dir.join("q.csv")),
+    );
+    assert!(
+        e.contains("format 1") && e.contains("another version") && e.contains("stallscope fit"),
+        "{e}"
+    );
 }
 
 /// `stallscope replay` over a recorded run of the vLLM test (tests/data/vllm-runs: warm-up,

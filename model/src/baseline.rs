@@ -337,10 +337,10 @@ impl Baseline {
         let b: Baseline =
             serde_json::from_str(text).map_err(|e| ModelError::Corrupt(e.to_string()))?;
         if b.format != FORMAT_VERSION {
-            return Err(ModelError::Corrupt(format!(
-                "format {} is not the supported {FORMAT_VERSION}",
-                b.format
-            )));
+            return Err(ModelError::Format {
+                found: b.format,
+                supported: FORMAT_VERSION,
+            });
         }
         if b.gbdt.n_features != Workload::default().features().len() {
             return Err(ModelError::Corrupt(format!(
@@ -411,7 +411,7 @@ mod tests {
         assert_ne!(wrong, text);
         assert!(matches!(
             Baseline::from_json(&wrong),
-            Err(ModelError::Corrupt(_))
+            Err(ModelError::Format { found: 9, .. })
         ));
     }
 

@@ -34,4 +34,8 @@ pub enum ModelError {
     /// A persisted model is unreadable or inconsistent.
     #[error("the model file is corrupt or not a stallscope model ({0}); delete it or fit a new one with `stallscope fit`")]
     Corrupt(String),
+    /// A persisted model of another format than this build reads: written by another version
+    /// of stallscope.
+    #[error("the model file is in format {found}, written by another version of stallscope; this one reads format {supported}: fit a new one with `stallscope fit`")]
+    Format { found: u32, supported: u32 },
 }

@@ -143,12 +143,23 @@ fn hardware() -> String {
     }
 }
 
-/// The model at `path` if it was fitted for `fp`; a file that does not parse is moved aside.
+/// The model at `path` if it was fitted for `fp`; a file that does not parse, or of another
+/// format (another version of stallscope wrote it), is moved aside.
 fn load(path: &Path, fp: &Fingerprint) -> Option<Baseline> {
     let text = std::fs::read_to_string(path).ok()?;
     match Baseline::from_json(&text) {
         Ok(b) if &b.fingerprint == fp => Some(b),
         Ok(_) => None,
+        Err(ModelError::Format { found, supported }) => {
+            let aside = path.with_extension(format!("format-{found}"));
+            info!(
+                "{}: a model of format {found}, written by another version of stallscope (this one reads {supported}); moved to {} and warming up again",
+                path.display(),
+                aside.display()
+            );
+            let _ = std::fs::rename(path, aside);
+            None
+        }
         Err(e) => {
             let aside = path.with_extension("corrupt");
             warn!(
