@@ -6,7 +6,7 @@
 use std::{
     io::{Read, Write},
     net::{TcpListener, TcpStream},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Command, ExitStatus, Stdio},
     time::{Duration, Instant},
 };
@@ -727,21 +727,11 @@ fn fit_then_predict_one_duration_per_row_in_order() {
 #[test]
 fn replay_runs_the_sentinel_over_a_recorded_vllm_run() {
     let dir = tmpdir("replay");
-    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/vllm-runs/run-11311.csv.gz");
     let csv = dir.join("run.csv");
-    let out = Command::new("gzip").arg("-dc").arg(&data).output().unwrap();
-    assert!(out.status.success(), "gzip -dc {}", data.display());
-    std::fs::write(&csv, out.stdout).unwrap();
-    std::fs::write(dir.join("off.toml"), "[sentinel]\nrecalibrate_over = 0\n").unwrap();
-    let replay = |config: Option<&str>| {
-        let mut c = stallscope();
-        c.args(["replay", "--csv"]).arg(&csv);
-        if let Some(name) = config {
-            c.arg("--config").arg(dir.join(name));
-        }
-        expect_json(&mut c)
-    };
-    let (off, on) = (replay(Some("off.toml")), replay(None));
+    std::fs::write(&csv, recorded("vllm-runs/run-11311.csv.gz")).unwrap();
+    let off_toml = dir.join("off.toml");
+    std::fs::write(&off_toml, "[sentinel]\nrecalibrate_over = 0\n").unwrap();
+    let (off, on) = (replay(&csv, Some(&off_toml)), replay(&csv, None));
     let steady = |r: &Value| -> Vec<Value> {
         r["alerts"]
             .as_array()
@@ -792,10 +782,7 @@ fn replay_runs_the_sentinel_over_a_recorded_vllm_run() {
 #[test]
 fn replay_tells_a_pipelined_batch_alone_from_one_sharing_the_pipeline() {
     let dir = tmpdir("replay-modes");
-    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/batch-queue-modes.csv.gz");
-    let out = Command::new("gzip").arg("-dc").arg(&data).output().unwrap();
-    assert!(out.status.success(), "gzip -dc {}", data.display());
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = recorded("batch-queue-modes.csv.gz");
     let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
     let at = header.iter().position(|&c| c == "overlap_tokens").unwrap();
     let without: String = text
@@ -810,14 +797,7 @@ fn replay_tells_a_pipelined_batch_alone_from_one_sharing_the_pipeline() {
     std::fs::write(dir.join("without.csv"), without).unwrap();
     std::fs::write(dir.join("w.toml"), "[sentinel]\nwarmup_samples = 300\n").unwrap();
     let fits = |csv: &str| -> Vec<(f64, f64)> {
-        let r = expect_json(
-            stallscope()
-                .args(["replay", "--csv"])
-                .arg(dir.join(csv))
-                .arg("--config")
-                .arg(dir.join("w.toml")),
-        );
-        r["fits"]
+        replay(&dir.join(csv), Some(&dir.join("w.toml")))["fits"]
             .as_array()
             .unwrap()
             .iter()
@@ -838,6 +818,27 @@ fn replay_tells_a_pipelined_batch_alone_from_one_sharing_the_pipeline() {
     for (w, wo) in with.iter().zip(&without).skip(1) {
         assert!(w.0 < wo.0 && w.1 < wo.1, "with {w:?}, without {wo:?}");
     }
+}
+
+/// A recorded iteration export of tests/data (gzipped), as text.
+fn recorded(name: &str) -> String {
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("data")
+        .join(name);
+    let out = Command::new("gzip").arg("-dc").arg(&data).output().unwrap();
+    assert!(out.status.success(), "gzip -dc {}", data.display());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `stallscope replay` over `csv` (with `config`'s settings, else the embedded default), its
+/// JSON.
+fn replay(csv: &Path, config: Option<&Path>) -> Value {
+    let mut c = stallscope();
+    c.args(["replay", "--csv"]).arg(csv);
+    if let Some(config) = config {
+        c.arg("--config").arg(config);
+    }
+    expect_json(&mut c)
 }
 
 /// How many BPF links process `pid` holds (its fds whose fdinfo names a link type).

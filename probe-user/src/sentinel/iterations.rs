@@ -117,8 +117,10 @@ impl Assembler {
             return None;
         }
         // A pipelined call that finished a batch may first have dispatched the next one,
-        // which shares the pipeline with it: those phases' tokens (the finished batch's own
-        // are in the `completes_with` phase, and their dispatch in an earlier call).
+        // which shares the pipeline with it: its tokens are those the call's other phases
+        // read (the finished batch's are in the `completes_with` phase; its dispatch was in
+        // an earlier call). A call dispatches one batch at most, and phases nested in one
+        // dispatch (an executor running its worker on the same thread) read the same tokens.
         let mut overlap = 0;
         if let Some(done) = &self.anchors[which].completes_with {
             if !inside.iter().any(|p| p.func == *done) {
@@ -129,8 +131,9 @@ impl Assembler {
                 overlap = inside
                     .iter()
                     .filter(|p| p.func != *done)
-                    .filter_map(|p| p.args.get(t))
-                    .sum();
+                    .filter_map(|p| p.args.get(t).copied())
+                    .max()
+                    .unwrap_or(0);
             }
         }
         if self.anchors[which].closed_by.is_some() {
@@ -310,9 +313,15 @@ mod tests {
         let calls = [
             // (call, phases inside it)
             ((10, 12), vec![(EXEC, 11, 12, batch(2))]),
+            // The worker's phase nested in the dispatch (an executor running it on the same
+            // thread) reads the same batch.
             (
                 (12, 40),
-                vec![(EXEC, 13, 14, batch(3)), (DONE, 38, 39, batch(2))],
+                vec![
+                    ("x:Worker.execute_model", 13, 14, batch(3)),
+                    (EXEC, 13, 15, batch(3)),
+                    (DONE, 38, 39, batch(2)),
+                ],
             ),
             (
                 (40, 70),
