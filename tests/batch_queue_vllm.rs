@@ -136,9 +136,17 @@ fn batch_queue_iterations_match_vllms_log_and_a_hog_alerts() {
     let requests = requests().to_string();
     let counted = load(&xtask, &server, &["--requests", &requests])
         .args(["--concurrency", "8", "--seed", "31"])
-        .status()
+        .stderr(Stdio::piped())
+        .output()
         .unwrap();
-    assert!(counted.success(), "the load failed");
+    assert!(
+        counted.status.success(),
+        "the load failed ({}): {}\nvLLM's log ends:\n{}\ndaemon log:\n{}",
+        counted.status,
+        String::from_utf8_lossy(&counted.stderr),
+        common::tail(&std::fs::read_to_string(&log_path).unwrap_or_default(), 40),
+        daemon.log_tail(40)
+    );
     let load_s = t.elapsed().as_secs_f64();
     std::thread::sleep(SETTLE);
     let logged: Vec<(u64, u64)> = parse_log(&log_path)[log_from..]

@@ -234,9 +234,7 @@ impl Daemon {
 
     /// The last `lines` lines of its log.
     pub fn log_tail(&self, lines: usize) -> String {
-        let log = self.log();
-        let all: Vec<&str> = log.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        super::tail(&self.log(), lines)
     }
 
     /// Where its HTTP API listens.

@@ -305,6 +305,12 @@ pub fn json_of(out: std::process::Output, what: &str) -> serde_json::Value {
     })
 }
 
+/// The last `lines` lines of `text`.
+pub fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
 /// The one spawned-process fixture: a child leading its own process group, killed with the
 /// whole group when dropped (children it started, such as the load generator's Python,
 /// included). Panics when the command cannot start.
