@@ -78,7 +78,7 @@ fn attached_daemon(dir: &Path, engine_pid: u64, nudge: Option<(&Path, &Value)>) 
     let daemon = Daemon::start_with(dir, port, cfg);
     // An idle engine's main thread waits in a futex and cannot take the probe's attach
     // request: two short requests at a time until the daemon follows the engine. An engine
-    // under load takes it without, and a `vllm load` started beside another one can fail.
+    // under load takes it without.
     daemon.wait_for("attached engine", Duration::from_secs(120), |d| {
         let attached = d.engine().is_some_and(|e| e["pid"] == engine_pid);
         if let Some((xtask, server)) = nudge.filter(|_| !attached) {

@@ -21,6 +21,12 @@ from tokenizers import Tokenizer
 
 # Requests never carry a `seed`: vLLM 0.32.0 crashes on per-request seeds with chunked prefill.
 REQUEST_TIMEOUT_S = 600
+# vLLM's server (uvicorn) closes a keep-alive connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+# (5 s by default). A request sent on one as the server closes it fails with
+# ServerDisconnectedError or ECONNRESET unread: of 41 requests sent after 4.990-5.010 s idle,
+# 5 failed. The client drops its idle connections well before the server does; the first
+# one idles while the tokenizer cuts the prompts, which takes seconds beside a busy engine.
+CLIENT_KEEPALIVE_S = 2.0
 
 
 def parse_args():
@@ -132,7 +138,8 @@ async def main():
     args = parse_args()
     base = f"http://127.0.0.1:{args.port}"
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    connector = aiohttp.TCPConnector(keepalive_timeout=CLIENT_KEEPALIVE_S)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         async with session.get(f"{base}/v1/models") as resp:
             resp.raise_for_status()
             model = (await resp.json())["data"][0]["id"]
