@@ -633,14 +633,10 @@ fn bad_input_fails_with_one_clear_error() {
     );
     // A corrupt model file.
     std::fs::write(dir.join("corrupt.json"), "{\"format\":1,\"gbdt\":").unwrap();
-    let e = expect_failure(
-        stallscope()
-            .arg("predict")
-            .arg("--model")
-            .arg(dir.join("corrupt.json"))
-            .arg("--csv")
-            .arg(dir.join("short.csv")),
-    );
+    let e = expect_failure(&mut predict(
+        &dir.join("corrupt.json"),
+        &dir.join("short.csv"),
+    ));
     assert!(e.contains("corrupt") && e.contains("stallscope fit"), "{e}");
 }
 
@@ -674,11 +670,7 @@ fn fit_then_predict_one_duration_per_row_in_order() {
     .unwrap();
     let run = |fmt: &str| {
         let o = expect_success(
-            stallscope()
-                .args(["predict", "--format", fmt, "--model"])
-                .arg(dir.join("m.json"))
-                .arg("--csv")
-                .arg(dir.join("q.csv")),
+            predict(&dir.join("m.json"), &dir.join("q.csv")).args(["--format", fmt]),
         );
         String::from_utf8(o).unwrap()
     };
@@ -704,13 +696,7 @@ fn fit_then_predict_one_duration_per_row_in_order() {
     let old = model.replacen("\"format\":2,", "\"format\":1,", 1);
     assert_ne!(old, model, "the model's format is no longer 2");
     std::fs::write(dir.join("old.json"), old).unwrap();
-    let e = expect_failure(
-        stallscope()
-            .args(["predict", "--model"])
-            .arg(dir.join("old.json"))
-            .arg("--csv")
-            .arg(dir.join("q.csv")),
-    );
+    let e = expect_failure(&mut predict(&dir.join("old.json"), &dir.join("q.csv")));
     assert!(
         e.contains("format 1") && e.contains("another version") && e.contains("stallscope fit"),
         "{e}"
@@ -818,6 +804,16 @@ fn replay_tells_a_pipelined_batch_alone_from_one_sharing_the_pipeline() {
     for (w, wo) in with.iter().zip(&without).skip(1) {
         assert!(w.0 < wo.0 && w.1 < wo.1, "with {w:?}, without {wo:?}");
     }
+}
+
+/// `stallscope predict` with the model at `model` over the workloads of `csv`.
+fn predict(model: &Path, csv: &Path) -> Command {
+    let mut c = stallscope();
+    c.args(["predict", "--model"])
+        .arg(model)
+        .arg("--csv")
+        .arg(csv);
+    c
 }
 
 /// A recorded iteration export of tests/data (gzipped), as text.
